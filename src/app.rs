@@ -1,0 +1,168 @@
+//! Building and running the server: connect, migrate, bind, serve until a
+//! shutdown signal, then stop background tasks and close the pool.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::http::auth::AdminToken;
+use crate::http::{self, AppState};
+use crate::service::{self, Limits, LockService};
+use crate::store::Store;
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: String,
+    pub database_url: String,
+    pub admin_token: Option<String>,
+    pub max_ttl: Duration,
+    pub sweep_interval: Duration,
+}
+
+impl Config {
+    /// Defaults for a database URL, listening on a random loopback port.
+    pub fn for_tests(database_url: impl Into<String>) -> Self {
+        Self {
+            listen: "127.0.0.1:0".into(),
+            database_url: database_url.into(),
+            admin_token: Some("test-admin-token".into()),
+            max_ttl: crate::domain::Ttl::DEFAULT_MAX,
+            sweep_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+pub struct App {
+    listener: TcpListener,
+    state: AppState,
+    store: Store,
+    sweep_interval: Duration,
+    stop: CancellationToken,
+}
+
+impl App {
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let store = Store::connect(&config.database_url)
+            .await
+            .with_context(|| {
+                format!("cannot open the {} database", scheme(&config.database_url))
+            })?;
+        let listener = TcpListener::bind(&config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        let admin_token = match config.admin_token.filter(|t| !t.is_empty()) {
+            Some(token) => AdminToken::new(token),
+            None => {
+                let token = AdminToken::generate();
+                // Printed once, like a notebook server's token, so a fresh
+                // install can use admin features without configuration.
+                tracing::warn!(
+                    admin_token = token.expose(),
+                    "no admin token configured (PALISADE_ADMIN_TOKEN); generated one for this run"
+                );
+                token
+            }
+        };
+        let stop = CancellationToken::new();
+        let limits = Limits {
+            max_ttl: config.max_ttl,
+        };
+        let service = LockService::new(store.clone(), limits, stop.clone());
+        Ok(Self {
+            listener,
+            state: AppState {
+                service,
+                admin_token,
+            },
+            store,
+            sweep_interval: config.sweep_interval,
+            stop,
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn admin_token(&self) -> &str {
+        self.state.admin_token.expose()
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting, lets in-flight
+    /// requests finish (waiting acquires end at once), stops the background
+    /// tasks and closes the database pool.
+    pub async fn run_until(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let Self {
+            listener,
+            state,
+            store,
+            sweep_interval,
+            stop,
+        } = self;
+        let mut tasks = JoinSet::new();
+        tasks.spawn(service::run_expiry_sweeper(
+            state.service.clone(),
+            sweep_interval,
+            stop.clone(),
+        ));
+        tasks.spawn(service::run_lease_ended_listener(
+            state.service.clone(),
+            stop.clone(),
+        ));
+
+        tracing::info!(addr = %listener.local_addr()?, backend = store.backend_name(), "palisade listening");
+        let stop_on_signal = stop.clone();
+        let result = axum::serve(listener, http::router(state))
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                tracing::info!("shutting down: finishing in-flight requests");
+                stop_on_signal.cancel();
+            })
+            .await;
+        stop.cancel();
+        while tasks.join_next().await.is_some() {}
+        store.close().await;
+        tracing::info!("stopped");
+        result.context("server error")
+    }
+}
+
+fn scheme(url: &str) -> &str {
+    url.split(':').next().unwrap_or("database")
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %err, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sig) => {
+                sig.recv().await;
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}

@@ -1,0 +1,168 @@
+//! Resource state, the fence check and the built-in fenced value store.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+use serde_json::value::RawValue;
+
+use super::views::{ResourceBody, ValueBody, timestamp};
+use crate::domain::{ResourceName, Token};
+use crate::http::AppState;
+use crate::http::error::ApiError;
+use crate::http::extract::{ApiJson, ResourcePath};
+use crate::service::MAX_VALUE_BYTES;
+use crate::store::{FenceOutcome, FenceRejection, ValueWrite};
+
+pub async fn show(
+    State(state): State<AppState>,
+    ResourcePath(name): ResourcePath,
+) -> Result<Json<ResourceBody>, ApiError> {
+    let view = state
+        .service
+        .resource(&name)
+        .await?
+        .ok_or_else(|| resource_not_found(&name))?;
+    Ok(Json(ResourceBody::of(&view)))
+}
+
+fn resource_not_found(name: &ResourceName) -> ApiError {
+    ApiError::not_found(
+        "resource_not_found",
+        format!("resource {:?} has never been used", name.as_str()),
+    )
+}
+
+/// The 409 for a refused write, shared by the fence and the value store.
+fn rejection(r: &FenceRejection) -> ApiError {
+    if r.unknown {
+        return ApiError::conflict(
+            "unknown_token",
+            format!("token {} was never issued for this resource", r.token),
+        )
+        .with("token", r.token.get())
+        .with("last_token", r.last_token);
+    }
+    ApiError::conflict(
+        "stale_token",
+        format!(
+            "token {} is stale: its lease has ended or a newer token was accepted",
+            r.token
+        ),
+    )
+    .with("token", r.token.get())
+    .with("accepted_token", r.accepted_token)
+    .with("lease_state", r.lease_state.map(|s| s.as_str()))
+    .with(
+        "fenced_by",
+        r.fenced_by
+            .as_ref()
+            .map(|(t, h)| json!({"token": t.get(), "holder": h.as_str()})),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FenceBody {
+    token: i64,
+}
+
+pub async fn fence(
+    State(state): State<AppState>,
+    ResourcePath(name): ResourcePath,
+    ApiJson(body): ApiJson<FenceBody>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let token = Token::parse(body.token)?;
+    match state.service.fence(&name, token).await? {
+        FenceOutcome::Accepted {
+            token,
+            accepted_token,
+            ..
+        } => Ok(Json(json!({
+            "token": token.get(),
+            "accepted_token": accepted_token,
+        }))),
+        FenceOutcome::Rejected(r) => Err(rejection(&r)),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteValueBody {
+    token: i64,
+    value: Box<RawValue>,
+}
+
+/// Checks a value before it goes near the database, so both backends accept
+/// exactly the same values.
+fn validate_value(raw: &RawValue) -> Result<ValueWrite, ApiError> {
+    let text = raw.get();
+    if text.len() > MAX_VALUE_BYTES {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "value_too_large",
+            format!(
+                "value is {} bytes of JSON; the limit is {MAX_VALUE_BYTES}",
+                text.len()
+            ),
+        ));
+    }
+    // Full parse: rejects what a raw scan lets through (lone surrogates,
+    // numbers out of range).
+    serde_json::from_str::<serde_json::Value>(text).map_err(|e| {
+        ApiError::bad_request("invalid_value", format!("value is not storable JSON: {e}"))
+    })?;
+    Ok(ValueWrite {
+        json: text.to_owned(),
+    })
+}
+
+pub async fn write_value(
+    State(state): State<AppState>,
+    ResourcePath(name): ResourcePath,
+    ApiJson(body): ApiJson<WriteValueBody>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let token = Token::parse(body.token)?;
+    let value = validate_value(&body.value)?;
+    match state.service.write_value(&name, token, value).await? {
+        FenceOutcome::Accepted {
+            token, version, at, ..
+        } => Ok(Json(json!({
+            "resource": name.as_str(),
+            "token": token.get(),
+            "version": version,
+            "updated_at": timestamp(at),
+        }))),
+        FenceOutcome::Rejected(r) => Err(rejection(&r)),
+    }
+}
+
+pub async fn read_value(
+    State(state): State<AppState>,
+    ResourcePath(name): ResourcePath,
+) -> Result<Response, ApiError> {
+    let stored = state.service.value(&name).await?.ok_or_else(|| {
+        ApiError::not_found(
+            "value_not_found",
+            "no value has been written for this resource",
+        )
+    })?;
+    let raw = RawValue::from_string(stored.json).map_err(|e| {
+        tracing::error!(error = %e, "stored value is not valid JSON");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "stored value is corrupt",
+        )
+    })?;
+    let body = ValueBody {
+        value: &raw,
+        token: stored.token.get(),
+        version: stored.version,
+        updated_at: timestamp(stored.updated_at),
+    };
+    // Serialised straight from the stored text: numbers keep every digit.
+    Ok(Json(body).into_response())
+}

@@ -1,0 +1,9 @@
+//! Palisade: a lock service with fencing tokens.
+
+pub mod app;
+pub mod cli;
+pub mod domain;
+pub mod http;
+pub mod service;
+pub mod store;
+pub mod waiters;

@@ -1,0 +1,29 @@
+//! The `palisade` binary: parse the command line, set up logging, run.
+
+use clap::Parser;
+use palisade::app::{self, App};
+use palisade::cli::{Cli, Command};
+use palisade::store::Store;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Serve(args) => {
+            let app = App::build(args.into_config()).await?;
+            app.run_until(app::shutdown_signal()).await
+        }
+        Command::Migrate(args) => {
+            let store = Store::connect(&args.database_url).await?;
+            tracing::info!(backend = store.backend_name(), "migrations applied");
+            store.close().await;
+            Ok(())
+        }
+    }
+}

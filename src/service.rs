@@ -1,0 +1,265 @@
+//! The lock service: what the HTTP handlers (and later the UI) call.
+//!
+//! It adds to the store what needs the process rather than the database:
+//! waiting for a held resource (woken by lease endings, never by polling),
+//! waking local waiters after a commit, and the background tasks that record
+//! expiries and carry lease endings between instances.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::{Lease, LeaseId, Reason, ResourceName, Token, Ttl, WaitTime};
+use crate::store::{
+    AcquireOutcome, AcquireRequest, Event, EventFilter, FenceOutcome, ForceReleaseOutcome,
+    ReleaseOutcome, RenewOutcome, ResourceView, Store, StoreError, StoredValue, ValueWrite,
+};
+use crate::waiters::Waiters;
+
+/// The largest value the fenced store accepts, in bytes of JSON text.
+pub const MAX_VALUE_BYTES: usize = 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_ttl: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_ttl: Ttl::DEFAULT_MAX,
+        }
+    }
+}
+
+/// A granted, re-issued or refused acquire, and how long it waited.
+#[derive(Debug, Clone)]
+pub struct Acquired {
+    pub outcome: AcquireOutcome,
+    pub waited: Duration,
+}
+
+#[derive(Clone)]
+pub struct LockService {
+    store: Store,
+    waiters: Waiters,
+    limits: Limits,
+    shutdown: CancellationToken,
+}
+
+impl LockService {
+    pub fn new(store: Store, limits: Limits, shutdown: CancellationToken) -> Self {
+        Self {
+            store,
+            waiters: Waiters::default(),
+            limits,
+            shutdown,
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn waiters(&self) -> &Waiters {
+        &self.waiters
+    }
+
+    /// Acquires, waiting up to `wait` while someone else holds the resource.
+    /// A waiter wakes when a lease on the resource ends (here or, on
+    /// PostgreSQL, in any instance) or when the holder's deadline passes.
+    pub async fn acquire(
+        &self,
+        req: AcquireRequest,
+        wait: WaitTime,
+    ) -> Result<Acquired, ServiceError> {
+        let started = Instant::now();
+        let deadline = started + wait.as_duration();
+        // Subscribe before the first attempt so no ending slips between.
+        let mut subscription =
+            (!wait.as_duration().is_zero()).then(|| self.waiters.subscribe(req.resource.as_str()));
+        loop {
+            let outcome = self.store.acquire(&req).await?;
+            let (AcquireOutcome::Held { holder, now }, Some(sub)) =
+                (&outcome, subscription.as_mut())
+            else {
+                return Ok(Acquired {
+                    outcome,
+                    waited: started.elapsed(),
+                });
+            };
+            let local_now = Instant::now();
+            if local_now >= deadline {
+                return Ok(Acquired {
+                    outcome,
+                    waited: started.elapsed(),
+                });
+            }
+            // Retry just after the holder's deadline even if nobody records
+            // the expiry: the acquire itself settles it.
+            let until_expiry =
+                (holder.expires_at - *now).to_std().unwrap_or_default() + Duration::from_millis(1);
+            let wake_at = deadline.min(local_now + until_expiry);
+            tokio::select! {
+                () = sub.lease_ended() => {}
+                () = tokio::time::sleep_until(wake_at) => {}
+                () = self.shutdown.cancelled() => return Err(ServiceError::ShuttingDown),
+            }
+        }
+    }
+
+    pub async fn renew(
+        &self,
+        id: &LeaseId,
+        ttl: Option<Ttl>,
+    ) -> Result<RenewOutcome, ServiceError> {
+        Ok(self.store.renew(id, ttl).await?)
+    }
+
+    pub async fn release(&self, id: &LeaseId) -> Result<ReleaseOutcome, ServiceError> {
+        let outcome = self.store.release(id).await?;
+        if let ReleaseOutcome::Released(lease) = &outcome {
+            self.waiters.lease_ended(lease.resource.as_str());
+        }
+        Ok(outcome)
+    }
+
+    pub async fn force_release(
+        &self,
+        name: &ResourceName,
+        reason: &Reason,
+        actor: &str,
+    ) -> Result<ForceReleaseOutcome, ServiceError> {
+        let outcome = self.store.force_release(name, reason, actor).await?;
+        if let ForceReleaseOutcome::Released(lease) = &outcome {
+            self.waiters.lease_ended(lease.resource.as_str());
+        }
+        Ok(outcome)
+    }
+
+    pub async fn fence(
+        &self,
+        name: &ResourceName,
+        token: Token,
+    ) -> Result<FenceOutcome, ServiceError> {
+        Ok(self.store.fence(name, token, None).await?)
+    }
+
+    /// The built-in fenced store: check and write in one transaction.
+    pub async fn write_value(
+        &self,
+        name: &ResourceName,
+        token: Token,
+        value: ValueWrite,
+    ) -> Result<FenceOutcome, ServiceError> {
+        Ok(self.store.fence(name, token, Some(&value)).await?)
+    }
+
+    pub async fn value(&self, name: &ResourceName) -> Result<Option<StoredValue>, ServiceError> {
+        Ok(self.store.value(name).await?)
+    }
+
+    pub async fn lease(&self, id: &LeaseId) -> Result<Option<Lease>, ServiceError> {
+        Ok(self.store.lease(id).await?.map(|(lease, _)| lease))
+    }
+
+    pub async fn resource(
+        &self,
+        name: &ResourceName,
+    ) -> Result<Option<ResourceView>, ServiceError> {
+        Ok(self.store.resource(name).await?)
+    }
+
+    pub async fn events(&self, filter: &EventFilter) -> Result<Vec<Event>, ServiceError> {
+        Ok(self.store.events(filter).await?)
+    }
+
+    /// Records due expiries and wakes their waiters; returns how many.
+    pub async fn expire_due_leases(&self, batch: i64) -> Result<Vec<Lease>, ServiceError> {
+        let expired = self.store.expire_due_leases(batch).await?;
+        for lease in &expired {
+            self.waiters.lease_ended(lease.resource.as_str());
+        }
+        Ok(expired)
+    }
+
+    pub async fn ready(&self) -> bool {
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), self.store.ping()).await,
+            Ok(Ok(()))
+        )
+    }
+}
+
+/// Records expiries every `interval` until `shutdown`, so they show up in
+/// the log about when they happen even if nobody touches the resource.
+pub async fn run_expiry_sweeper(
+    service: LockService,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    const BATCH: i64 = 500;
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        match service.expire_due_leases(BATCH).await {
+            Ok(expired) if !expired.is_empty() => {
+                tracing::debug!(count = expired.len(), "recorded lease expiries");
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(error = %err, "expiry sweep failed; retrying"),
+        }
+    }
+}
+
+/// On PostgreSQL, carries lease endings from every instance to this one's
+/// waiters via LISTEN/NOTIFY. After a lost connection it wakes every waiter
+/// (endings may have been missed; they simply retry) and reconnects.
+pub async fn run_lease_ended_listener(service: LockService, shutdown: CancellationToken) {
+    let Store::Postgres(pg) = service.store() else {
+        return;
+    };
+    loop {
+        match pg.lease_ended_listener().await {
+            Ok(mut listener) => loop {
+                tokio::select! {
+                    received = listener.try_recv() => match received {
+                        Ok(Some(n)) => service.waiters().lease_ended(n.payload()),
+                        Ok(None) => {
+                            tracing::warn!("lease notification connection lost; reconnecting");
+                            service.waiters().wake_all();
+                        }
+                        Err(err) => {
+                            tracing::warn!(error = %err, "lease notification listener failed");
+                            service.waiters().wake_all();
+                            break;
+                        }
+                    },
+                    () = shutdown.cancelled() => return,
+                }
+            },
+            Err(err) => tracing::warn!(error = %err, "cannot listen for lease notifications"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! The storage seam: one [`Store`] over SQLite or PostgreSQL.
+//!
+//! Each backend supplies a small set of transactional primitives
+//! ([`ResourceTx`]) and a few read queries ([`Backend`]); the operations
+//! themselves (lock the resource row, settle a due expiry, ask the domain
+//! rules, write state and event together) are written once in [`ops`].
+
+mod ops;
+pub mod postgres;
+mod rows;
+pub mod sqlite;
+mod types;
+
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+
+use crate::domain::{Lease, LeaseId, ResourceName, Token};
+
+pub use types::{
+    AcquireOutcome, AcquireRequest, Event, EventFilter, FenceOutcome, FenceRejection,
+    ForceReleaseOutcome, NewEvent, ReleaseOutcome, RenewOutcome, ResourceRow, ResourceView,
+    StoredValue, ValueWrite, WriteVia,
+};
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// What can go wrong below the domain. Rejections (held, stale, …) are not
+/// errors: they are outcomes, committed together with their events.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached or is overloaded; the caller may retry.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// A concurrent transaction won a race the database refused to serialise.
+    #[error("conflicting concurrent update: {0}")]
+    Conflict(String),
+    /// The database refused a value as malformed.
+    #[error("invalid data: {0}")]
+    InvalidData(String),
+    /// A row did not decode into valid domain values.
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+    #[error(transparent)]
+    Other(sqlx::Error),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(err: sqlx::Error) -> Self {
+        use sqlx::Error as E;
+        match &err {
+            E::PoolTimedOut | E::PoolClosed | E::Io(_) | E::Tls(_) | E::WorkerCrashed => {
+                StoreError::Unavailable(err.to_string())
+            }
+            E::Protocol(_) => StoreError::Unavailable(err.to_string()),
+            E::Database(db) => {
+                let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+                classify_database_error(&code, err.to_string()).unwrap_or(StoreError::Other(err))
+            }
+            E::ColumnDecode { .. }
+            | E::Decode(_)
+            | E::ColumnNotFound(_)
+            | E::TypeNotFound { .. } => StoreError::Corrupt(err.to_string()),
+            _ => StoreError::Other(err),
+        }
+    }
+}
+
+/// Maps SQLSTATE codes (PostgreSQL) and result codes (SQLite) to our kinds.
+fn classify_database_error(code: &str, message: String) -> Option<StoreError> {
+    match code {
+        // SQLite: BUSY, LOCKED (and their extended codes), FULL, IOERR.
+        c if c == "5" || c == "6" || c == "13" || c == "10" => {
+            Some(StoreError::Unavailable(message))
+        }
+        c if c
+            .parse::<u32>()
+            .is_ok_and(|n| n & 0xff == 5 || n & 0xff == 10) =>
+        {
+            Some(StoreError::Unavailable(message))
+        }
+        // PostgreSQL: connection exceptions, insufficient resources, operator
+        // intervention (shutdown, cancel), statement/lock timeouts.
+        c if c.starts_with("08") || c.starts_with("53") || c.starts_with("57") => {
+            Some(StoreError::Unavailable(message))
+        }
+        "55P03" => Some(StoreError::Unavailable(message)),
+        "40001" | "40P01" | "23505" => Some(StoreError::Conflict(message)),
+        c if c.starts_with("22") => Some(StoreError::InvalidData(message)),
+        _ => None,
+    }
+}
+
+/// The transactional primitives each backend implements. Every method runs
+/// inside the transaction the value represents.
+pub trait ResourceTx: Send {
+    /// The database clock, in milliseconds. Taken after the row lock so a
+    /// transaction that waited never acts on a stale instant.
+    fn now(&mut self) -> impl Future<Output = StoreResult<DateTime<Utc>>> + Send;
+    fn ensure_resource(
+        &mut self,
+        name: &ResourceName,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Reads the resource row, locking it for the rest of the transaction
+    /// when `for_update` (every write path does).
+    fn resource(
+        &mut self,
+        name: &ResourceName,
+        for_update: bool,
+    ) -> impl Future<Output = StoreResult<Option<ResourceRow>>> + Send;
+    fn save_resource(&mut self, row: &ResourceRow) -> impl Future<Output = StoreResult<()>> + Send;
+    /// The lease in stored state `active`, which may be past its deadline.
+    fn active_lease(
+        &mut self,
+        name: &ResourceName,
+    ) -> impl Future<Output = StoreResult<Option<Lease>>> + Send;
+    fn lease_by_id(
+        &mut self,
+        id: &LeaseId,
+    ) -> impl Future<Output = StoreResult<Option<Lease>>> + Send;
+    fn lease_by_token(
+        &mut self,
+        name: &ResourceName,
+        token: Token,
+    ) -> impl Future<Output = StoreResult<Option<Lease>>> + Send;
+    fn insert_lease(&mut self, lease: &Lease) -> impl Future<Output = StoreResult<()>> + Send;
+    fn update_lease(&mut self, lease: &Lease) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Writes the fenced value and returns its new version.
+    fn upsert_value(
+        &mut self,
+        name: &ResourceName,
+        json: &str,
+        token: Token,
+        now: DateTime<Utc>,
+    ) -> impl Future<Output = StoreResult<i64>> + Send;
+    fn value(
+        &mut self,
+        name: &ResourceName,
+    ) -> impl Future<Output = StoreResult<Option<StoredValue>>> + Send;
+    fn insert_event(&mut self, event: &NewEvent) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Tells waiters in other instances that `name` may be free now
+    /// (delivered on commit).
+    fn announce_lease_ended(
+        &mut self,
+        name: &ResourceName,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
+}
+
+/// One database engine.
+pub trait Backend: Send + Sync {
+    type Tx: ResourceTx;
+    fn begin_write(&self) -> impl Future<Output = StoreResult<Self::Tx>> + Send;
+    fn begin_read(&self) -> impl Future<Output = StoreResult<Self::Tx>> + Send;
+    fn commit(tx: Self::Tx) -> impl Future<Output = StoreResult<()>> + Send;
+    fn list_events(
+        &self,
+        filter: &EventFilter,
+    ) -> impl Future<Output = StoreResult<Vec<Event>>> + Send;
+    /// Resources whose active lease is past its deadline, oldest first.
+    fn due_resources(
+        &self,
+        limit: i64,
+    ) -> impl Future<Output = StoreResult<Vec<ResourceName>>> + Send;
+    fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;
+    fn close(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// The storage handle the service uses: cheap to clone.
+#[derive(Clone)]
+pub enum Store {
+    Sqlite(sqlite::SqliteBackend),
+    Postgres(postgres::PgBackend),
+}
+
+macro_rules! with_backend {
+    ($store:expr, $b:ident => $body:expr) => {
+        match $store {
+            Store::Sqlite($b) => $body,
+            Store::Postgres($b) => $body,
+        }
+    };
+}
+
+impl Store {
+    /// Connects to `url` (`sqlite://…` or `postgres://…`) and runs migrations.
+    pub async fn connect(url: &str) -> StoreResult<Self> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Store::Postgres(postgres::PgBackend::connect(url).await?))
+        } else if url.starts_with("sqlite:") {
+            Ok(Store::Sqlite(sqlite::SqliteBackend::connect(url).await?))
+        } else {
+            Err(StoreError::InvalidData(format!(
+                "unsupported database URL {url:?}: use sqlite://PATH or postgres://…"
+            )))
+        }
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        match self {
+            Store::Sqlite(_) => "sqlite",
+            Store::Postgres(_) => "postgres",
+        }
+    }
+
+    pub async fn acquire(&self, req: &AcquireRequest) -> StoreResult<AcquireOutcome> {
+        with_backend!(self, b => ops::acquire(b, req).await)
+    }
+
+    pub async fn renew(
+        &self,
+        id: &LeaseId,
+        ttl: Option<crate::domain::Ttl>,
+    ) -> StoreResult<RenewOutcome> {
+        with_backend!(self, b => ops::renew(b, id, ttl).await)
+    }
+
+    pub async fn release(&self, id: &LeaseId) -> StoreResult<ReleaseOutcome> {
+        with_backend!(self, b => ops::release(b, id).await)
+    }
+
+    pub async fn force_release(
+        &self,
+        name: &ResourceName,
+        reason: &crate::domain::Reason,
+        actor: &str,
+    ) -> StoreResult<ForceReleaseOutcome> {
+        with_backend!(self, b => ops::force_release(b, name, reason, actor).await)
+    }
+
+    pub async fn fence(
+        &self,
+        name: &ResourceName,
+        token: Token,
+        write: Option<&ValueWrite>,
+    ) -> StoreResult<FenceOutcome> {
+        with_backend!(self, b => ops::fence(b, name, token, write).await)
+    }
+
+    pub async fn lease(&self, id: &LeaseId) -> StoreResult<Option<(Lease, DateTime<Utc>)>> {
+        with_backend!(self, b => ops::lease(b, id).await)
+    }
+
+    pub async fn resource(&self, name: &ResourceName) -> StoreResult<Option<ResourceView>> {
+        with_backend!(self, b => ops::resource(b, name).await)
+    }
+
+    pub async fn value(&self, name: &ResourceName) -> StoreResult<Option<StoredValue>> {
+        with_backend!(self, b => ops::value(b, name).await)
+    }
+
+    pub async fn events(&self, filter: &EventFilter) -> StoreResult<Vec<Event>> {
+        with_backend!(self, b => b.list_events(filter).await)
+    }
+
+    /// Records the expiry of every lease past its deadline (up to `limit`
+    /// resources) and returns the leases it expired. Safe to run in several
+    /// instances at once: each expiry is recorded exactly once.
+    pub async fn expire_due_leases(&self, limit: i64) -> StoreResult<Vec<Lease>> {
+        with_backend!(self, b => ops::expire_due_leases(b, limit).await)
+    }
+
+    pub async fn ping(&self) -> StoreResult<()> {
+        with_backend!(self, b => b.ping().await)
+    }
+
+    pub async fn close(&self) {
+        with_backend!(self, b => b.close().await)
+    }
+}

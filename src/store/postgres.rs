@@ -1,0 +1,336 @@
+//! PostgreSQL backend: for production and for several stateless instances
+//! sharing one database.
+//!
+//! Every write locks its resource row with `SELECT … FOR UPDATE` and reads
+//! `clock_timestamp()` after the lock (`now()` would be the transaction's
+//! start, already in the past after a lock wait). Lease endings are announced
+//! with `pg_notify`, delivered on commit, so waiters in every instance wake.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::{PgPool, Postgres, QueryBuilder, Transaction};
+
+use super::rows::{EventRow, LeaseRow, ResourceDbRow, ValueRow, into_lease};
+use super::types::{Event, EventFilter, NewEvent, ResourceRow, StoredValue};
+use super::{Backend, ResourceTx, StoreError, StoreResult};
+use crate::domain::{Lease, LeaseId, ResourceName, Token};
+
+/// The NOTIFY channel on which lease endings are announced (payload: the
+/// resource name).
+pub const LEASE_ENDED_CHANNEL: &str = "palisade_lease_ended";
+
+const LEASE_COLUMNS: &str = "lease_id, resource, token, holder, state, ttl_ms, acquired_at, expires_at, ended_at, request_id";
+const NOW: &str = "date_trunc('milliseconds', clock_timestamp())";
+
+/// How long a reader of the global event stream waits at a gap in event ids
+/// before deciding it was a rolled-back transaction and not one still
+/// committing. Longer than any write transaction may run.
+const EVENT_GAP_GRACE: &str = "15 seconds";
+
+#[derive(Clone)]
+pub struct PgBackend {
+    pool: PgPool,
+}
+
+impl PgBackend {
+    pub async fn connect(url: &str) -> StoreResult<Self> {
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::InvalidData(format!("bad PostgreSQL URL: {e}")))?
+            .application_name("palisade")
+            // Fail fast instead of queueing forever behind a stuck session.
+            .options([
+                ("statement_timeout", "10s"),
+                ("lock_timeout", "5s"),
+                ("idle_in_transaction_session_timeout", "30s"),
+            ]);
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options)
+            .await?;
+        sqlx::migrate!("./migrations/postgres")
+            .run(&pool)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))?;
+        Ok(Self { pool })
+    }
+
+    /// A listener for [`LEASE_ENDED_CHANNEL`].
+    pub async fn lease_ended_listener(&self) -> StoreResult<PgListener> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(LEASE_ENDED_CHANNEL).await?;
+        Ok(listener)
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+pub struct PgTx(Transaction<'static, Postgres>);
+
+impl Backend for PgBackend {
+    type Tx = PgTx;
+
+    async fn begin_write(&self) -> StoreResult<PgTx> {
+        Ok(PgTx(self.pool.begin().await?))
+    }
+
+    async fn begin_read(&self) -> StoreResult<PgTx> {
+        Ok(PgTx(
+            self.pool
+                .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                .await?,
+        ))
+    }
+
+    async fn commit(tx: PgTx) -> StoreResult<()> {
+        Ok(tx.0.commit().await?)
+    }
+
+    async fn list_events(&self, filter: &EventFilter) -> StoreResult<Vec<Event>> {
+        let mut q = QueryBuilder::<Postgres>::new(
+            "SELECT id, at, kind, resource, token, holder, detail FROM events WHERE id > ",
+        );
+        q.push_bind(filter.after);
+        if let Some(resource) = &filter.resource {
+            q.push(" AND resource = ").push_bind(resource.as_str());
+        }
+        if let Some(kind) = filter.kind {
+            q.push(" AND kind = ").push_bind(kind.as_str());
+        }
+        q.push(" ORDER BY id LIMIT ").push_bind(filter.limit);
+        let rows: Vec<EventRow<DateTime<Utc>>> = q.build_query_as().fetch_all(&self.pool).await?;
+        let mut events = rows
+            .into_iter()
+            .map(EventRow::into_event)
+            .collect::<StoreResult<Vec<_>>>()?;
+        // One resource's events commit in id order (its row lock serialises
+        // them), but across resources a smaller id may still be committing.
+        if filter.resource.is_none() {
+            if let Some(last) = events.last() {
+                let horizon = self.committed_horizon(filter.after, last.id).await?;
+                events.retain(|e| e.id <= horizon);
+            }
+        }
+        Ok(events)
+    }
+
+    async fn due_resources(&self, limit: i64) -> StoreResult<Vec<ResourceName>> {
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT resource FROM leases WHERE state = 'active' AND expires_at <= clock_timestamp() \
+             ORDER BY expires_at LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        names
+            .into_iter()
+            .map(|n| ResourceName::parse(n).map_err(|e| StoreError::Corrupt(e.to_string())))
+            .collect()
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+impl PgBackend {
+    /// The highest id up to `upto` below which no event can still appear:
+    /// the id just before the first gap in (after, upto] that is younger
+    /// than [`EVENT_GAP_GRACE`].
+    async fn committed_horizon(&self, after: i64, upto: i64) -> StoreResult<i64> {
+        let first_fresh_gap: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT min(prev_id) + 1 FROM ( \
+               SELECT id, recorded_at, lag(id) OVER (ORDER BY id) AS prev_id FROM ( \
+                 SELECT $1::bigint AS id, NULL::timestamptz AS recorded_at \
+                 UNION ALL \
+                 (SELECT id, recorded_at FROM events WHERE id > $1 AND id <= $2 ORDER BY id LIMIT 100000) \
+               ) AS w \
+             ) AS g \
+             WHERE id > prev_id + 1 AND recorded_at > clock_timestamp() - interval '{EVENT_GAP_GRACE}'"
+        ))
+        .bind(after)
+        .bind(upto)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(first_fresh_gap.map_or(upto, |missing| missing - 1))
+    }
+}
+
+impl ResourceTx for PgTx {
+    async fn now(&mut self) -> StoreResult<DateTime<Utc>> {
+        Ok(sqlx::query_scalar(&format!("SELECT {NOW}"))
+            .fetch_one(&mut *self.0)
+            .await?)
+    }
+
+    async fn ensure_resource(&mut self, name: &ResourceName) -> StoreResult<()> {
+        sqlx::query(&format!(
+            "INSERT INTO resources (name, created_at, last_activity_at) VALUES ($1, {NOW}, {NOW}) \
+             ON CONFLICT (name) DO NOTHING"
+        ))
+        .bind(name.as_str())
+        .execute(&mut *self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn resource(
+        &mut self,
+        name: &ResourceName,
+        for_update: bool,
+    ) -> StoreResult<Option<ResourceRow>> {
+        let lock = if for_update { " FOR UPDATE" } else { "" };
+        let row: Option<ResourceDbRow<DateTime<Utc>>> = sqlx::query_as(&format!(
+            "SELECT name, last_token, accepted_token, created_at, last_activity_at \
+             FROM resources WHERE name = $1{lock}"
+        ))
+        .bind(name.as_str())
+        .fetch_optional(&mut *self.0)
+        .await?;
+        row.map(ResourceDbRow::into_row).transpose()
+    }
+
+    async fn save_resource(&mut self, row: &ResourceRow) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE resources SET last_token = $1, accepted_token = $2, last_activity_at = $3 WHERE name = $4",
+        )
+        .bind(row.last_token)
+        .bind(row.accepted_token)
+        .bind(row.last_activity_at)
+        .bind(row.name.as_str())
+        .execute(&mut *self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn active_lease(&mut self, name: &ResourceName) -> StoreResult<Option<Lease>> {
+        let row: Option<LeaseRow<DateTime<Utc>>> = sqlx::query_as(&format!(
+            "SELECT {LEASE_COLUMNS} FROM leases WHERE resource = $1 AND state = 'active'"
+        ))
+        .bind(name.as_str())
+        .fetch_optional(&mut *self.0)
+        .await?;
+        into_lease(row)
+    }
+
+    async fn lease_by_id(&mut self, id: &LeaseId) -> StoreResult<Option<Lease>> {
+        let row: Option<LeaseRow<DateTime<Utc>>> = sqlx::query_as(&format!(
+            "SELECT {LEASE_COLUMNS} FROM leases WHERE lease_id = $1"
+        ))
+        .bind(id.as_str())
+        .fetch_optional(&mut *self.0)
+        .await?;
+        into_lease(row)
+    }
+
+    async fn lease_by_token(
+        &mut self,
+        name: &ResourceName,
+        token: Token,
+    ) -> StoreResult<Option<Lease>> {
+        let row: Option<LeaseRow<DateTime<Utc>>> = sqlx::query_as(&format!(
+            "SELECT {LEASE_COLUMNS} FROM leases WHERE resource = $1 AND token = $2"
+        ))
+        .bind(name.as_str())
+        .bind(token.get())
+        .fetch_optional(&mut *self.0)
+        .await?;
+        into_lease(row)
+    }
+
+    async fn insert_lease(&mut self, l: &Lease) -> StoreResult<()> {
+        sqlx::query(&format!(
+            "INSERT INTO leases ({LEASE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+        ))
+        .bind(l.lease_id.as_str())
+        .bind(l.resource.as_str())
+        .bind(l.token.get())
+        .bind(l.holder.as_str())
+        .bind(l.state.as_str())
+        .bind(l.ttl_ms)
+        .bind(l.acquired_at)
+        .bind(l.expires_at)
+        .bind(l.ended_at)
+        .bind(l.request_id.as_ref().map(|r| r.as_str()))
+        .execute(&mut *self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn update_lease(&mut self, l: &Lease) -> StoreResult<()> {
+        sqlx::query("UPDATE leases SET state = $1, ttl_ms = $2, expires_at = $3, ended_at = $4 WHERE lease_id = $5")
+            .bind(l.state.as_str())
+            .bind(l.ttl_ms)
+            .bind(l.expires_at)
+            .bind(l.ended_at)
+            .bind(l.lease_id.as_str())
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn upsert_value(
+        &mut self,
+        name: &ResourceName,
+        json: &str,
+        token: Token,
+        now: DateTime<Utc>,
+    ) -> StoreResult<i64> {
+        let version: i64 = sqlx::query_scalar(
+            "INSERT INTO fenced_values (resource, value, token, version, updated_at) \
+             VALUES ($1, $2::json, $3, 1, $4) \
+             ON CONFLICT (resource) DO UPDATE SET value = excluded.value, token = excluded.token, \
+             version = fenced_values.version + 1, updated_at = excluded.updated_at \
+             RETURNING version",
+        )
+        .bind(name.as_str())
+        .bind(json)
+        .bind(token.get())
+        .bind(now)
+        .fetch_one(&mut *self.0)
+        .await?;
+        Ok(version)
+    }
+
+    async fn value(&mut self, name: &ResourceName) -> StoreResult<Option<StoredValue>> {
+        let row: Option<ValueRow<DateTime<Utc>>> = sqlx::query_as(
+            "SELECT value::text AS value, token, version, updated_at FROM fenced_values WHERE resource = $1",
+        )
+        .bind(name.as_str())
+        .fetch_optional(&mut *self.0)
+        .await?;
+        row.map(ValueRow::into_value).transpose()
+    }
+
+    async fn insert_event(&mut self, e: &NewEvent) -> StoreResult<()> {
+        sqlx::query("INSERT INTO events (at, kind, resource, token, holder, detail) VALUES ($1, $2, $3, $4, $5, $6)")
+            .bind(e.at)
+            .bind(e.kind.as_str())
+            .bind(e.resource.as_str())
+            .bind(e.token.map(Token::get))
+            .bind(e.holder.as_ref().map(|h| h.as_str()))
+            .bind(sqlx::types::Json(&e.detail))
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn announce_lease_ended(&mut self, name: &ResourceName) -> StoreResult<()> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(LEASE_ENDED_CHANNEL)
+            .bind(name.as_str())
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+}

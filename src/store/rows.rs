@@ -1,0 +1,141 @@
+//! Row shapes shared by both backends, generic over how each stores time
+//! (SQLite: Unix milliseconds; PostgreSQL: `timestamptz`).
+
+use chrono::{DateTime, TimeZone, Utc};
+
+use super::types::{Event, ResourceRow, StoredValue};
+use super::{StoreError, StoreResult};
+use crate::domain::{Holder, Lease, LeaseId, RequestId, ResourceName, Token};
+
+/// A time as a backend stores it.
+pub trait DbTime: Sized {
+    fn to_utc(self) -> StoreResult<DateTime<Utc>>;
+}
+
+impl DbTime for i64 {
+    fn to_utc(self) -> StoreResult<DateTime<Utc>> {
+        Utc.timestamp_millis_opt(self)
+            .single()
+            .ok_or_else(|| StoreError::Corrupt(format!("timestamp {self} out of range")))
+    }
+}
+
+impl DbTime for DateTime<Utc> {
+    fn to_utc(self) -> StoreResult<DateTime<Utc>> {
+        Ok(self)
+    }
+}
+
+fn corrupt(what: &str, err: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{what}: {err}"))
+}
+
+#[derive(sqlx::FromRow)]
+pub struct LeaseRow<T> {
+    pub lease_id: String,
+    pub resource: String,
+    pub token: i64,
+    pub holder: String,
+    pub state: String,
+    pub ttl_ms: i64,
+    pub acquired_at: T,
+    pub expires_at: T,
+    pub ended_at: Option<T>,
+    pub request_id: Option<String>,
+}
+
+impl<T: DbTime> LeaseRow<T> {
+    pub fn into_lease(self) -> StoreResult<Lease> {
+        Ok(Lease {
+            lease_id: LeaseId::parse(&self.lease_id)
+                .ok_or_else(|| corrupt("lease id", "malformed"))?,
+            resource: ResourceName::parse(self.resource).map_err(|e| corrupt("resource", e))?,
+            holder: Holder::parse(self.holder).map_err(|e| corrupt("holder", e))?,
+            token: Token::from_stored(self.token),
+            state: self.state.parse().map_err(|e| corrupt("lease state", e))?,
+            ttl_ms: self.ttl_ms,
+            acquired_at: self.acquired_at.to_utc()?,
+            expires_at: self.expires_at.to_utc()?,
+            ended_at: self.ended_at.map(DbTime::to_utc).transpose()?,
+            request_id: self
+                .request_id
+                .map(RequestId::parse)
+                .transpose()
+                .map_err(|e| corrupt("request id", e))?,
+        })
+    }
+}
+
+pub fn into_lease<T: DbTime>(row: Option<LeaseRow<T>>) -> StoreResult<Option<Lease>> {
+    row.map(LeaseRow::into_lease).transpose()
+}
+
+#[derive(sqlx::FromRow)]
+pub struct ResourceDbRow<T> {
+    pub name: String,
+    pub last_token: i64,
+    pub accepted_token: i64,
+    pub created_at: T,
+    pub last_activity_at: T,
+}
+
+impl<T: DbTime> ResourceDbRow<T> {
+    pub fn into_row(self) -> StoreResult<ResourceRow> {
+        Ok(ResourceRow {
+            name: ResourceName::parse(self.name).map_err(|e| corrupt("resource", e))?,
+            last_token: self.last_token,
+            accepted_token: self.accepted_token,
+            created_at: self.created_at.to_utc()?,
+            last_activity_at: self.last_activity_at.to_utc()?,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub struct ValueRow<T> {
+    pub value: String,
+    pub token: i64,
+    pub version: i64,
+    pub updated_at: T,
+}
+
+impl<T: DbTime> ValueRow<T> {
+    pub fn into_value(self) -> StoreResult<StoredValue> {
+        Ok(StoredValue {
+            json: self.value,
+            token: Token::from_stored(self.token),
+            version: self.version,
+            updated_at: self.updated_at.to_utc()?,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+pub struct EventRow<T> {
+    pub id: i64,
+    pub at: T,
+    pub kind: String,
+    pub resource: String,
+    pub token: Option<i64>,
+    pub holder: Option<String>,
+    pub detail: sqlx::types::Json<serde_json::Value>,
+}
+
+impl<T: DbTime> EventRow<T> {
+    pub fn into_event(self) -> StoreResult<Event> {
+        Ok(Event {
+            id: self.id,
+            at: self.at.to_utc()?,
+            kind: self.kind.parse().map_err(|e| corrupt("event kind", e))?,
+            resource: self.resource,
+            token: self.token,
+            holder: self.holder,
+            detail: self.detail.0,
+        })
+    }
+}
+
+/// Milliseconds since the Unix epoch, as SQLite stores times.
+pub fn unix_ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}

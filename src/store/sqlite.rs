@@ -1,0 +1,279 @@
+//! SQLite backend: the embedded default.
+//!
+//! One writer connection (SQLite has one writer anyway) whose transactions
+//! start with `BEGIN IMMEDIATE`, so a write transaction holds the database
+//! write lock from its first statement; a small pool of read-only
+//! connections serves reads concurrently thanks to WAL. `synchronous=FULL`
+//! makes every acknowledged commit durable.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{QueryBuilder, Sqlite, SqlitePool, Transaction};
+
+use super::rows::{EventRow, LeaseRow, ResourceDbRow, ValueRow, into_lease, unix_ms};
+use super::types::{Event, EventFilter, NewEvent, ResourceRow, StoredValue};
+use super::{Backend, ResourceTx, StoreError, StoreResult};
+use crate::domain::{Lease, LeaseId, ResourceName, Token};
+
+const LEASE_COLUMNS: &str = "lease_id, resource, token, holder, state, ttl_ms, acquired_at, expires_at, ended_at, request_id";
+const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+#[derive(Clone)]
+pub struct SqliteBackend {
+    writer: SqlitePool,
+    readers: SqlitePool,
+}
+
+impl SqliteBackend {
+    pub async fn connect(url: &str) -> StoreResult<Self> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::InvalidData(format!("bad SQLite URL: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(5))
+            .foreign_keys(true);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options.clone())
+            .await?;
+        sqlx::migrate!("./migrations/sqlite")
+            .run(&writer)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))?;
+        let readers = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options.read_only(true))
+            .await?;
+        Ok(Self { writer, readers })
+    }
+}
+
+pub struct SqliteTx(Transaction<'static, Sqlite>);
+
+impl Backend for SqliteBackend {
+    type Tx = SqliteTx;
+
+    async fn begin_write(&self) -> StoreResult<SqliteTx> {
+        Ok(SqliteTx(self.writer.begin_with("BEGIN IMMEDIATE").await?))
+    }
+
+    async fn begin_read(&self) -> StoreResult<SqliteTx> {
+        Ok(SqliteTx(self.readers.begin().await?))
+    }
+
+    async fn commit(tx: SqliteTx) -> StoreResult<()> {
+        Ok(tx.0.commit().await?)
+    }
+
+    async fn list_events(&self, filter: &EventFilter) -> StoreResult<Vec<Event>> {
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "SELECT id, at, kind, resource, token, holder, detail FROM events WHERE id > ",
+        );
+        q.push_bind(filter.after);
+        if let Some(resource) = &filter.resource {
+            q.push(" AND resource = ").push_bind(resource.as_str());
+        }
+        if let Some(kind) = filter.kind {
+            q.push(" AND kind = ").push_bind(kind.as_str());
+        }
+        q.push(" ORDER BY id LIMIT ").push_bind(filter.limit);
+        let rows: Vec<EventRow<i64>> = q.build_query_as().fetch_all(&self.readers).await?;
+        rows.into_iter().map(EventRow::into_event).collect()
+    }
+
+    async fn due_resources(&self, limit: i64) -> StoreResult<Vec<ResourceName>> {
+        let sql = format!(
+            "SELECT resource FROM leases WHERE state = 'active' AND expires_at <= {NOW_MS} \
+             ORDER BY expires_at LIMIT ?"
+        );
+        let names: Vec<String> = sqlx::query_scalar(&sql)
+            .bind(limit)
+            .fetch_all(&self.readers)
+            .await?;
+        names
+            .into_iter()
+            .map(|n| ResourceName::parse(n).map_err(|e| StoreError::Corrupt(e.to_string())))
+            .collect()
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        sqlx::query("SELECT 1").execute(&self.readers).await?;
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.readers.close().await;
+        self.writer.close().await;
+    }
+}
+
+impl ResourceTx for SqliteTx {
+    async fn now(&mut self) -> StoreResult<DateTime<Utc>> {
+        let ms: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
+            .fetch_one(&mut *self.0)
+            .await?;
+        super::rows::DbTime::to_utc(ms)
+    }
+
+    async fn ensure_resource(&mut self, name: &ResourceName) -> StoreResult<()> {
+        let sql = format!(
+            "INSERT INTO resources (name, created_at, last_activity_at) VALUES (?, {NOW_MS}, {NOW_MS}) \
+             ON CONFLICT (name) DO NOTHING"
+        );
+        sqlx::query(&sql)
+            .bind(name.as_str())
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn resource(
+        &mut self,
+        name: &ResourceName,
+        _for_update: bool,
+    ) -> StoreResult<Option<ResourceRow>> {
+        // BEGIN IMMEDIATE already holds the database write lock.
+        let row: Option<ResourceDbRow<i64>> = sqlx::query_as(
+            "SELECT name, last_token, accepted_token, created_at, last_activity_at \
+             FROM resources WHERE name = ?",
+        )
+        .bind(name.as_str())
+        .fetch_optional(&mut *self.0)
+        .await?;
+        row.map(ResourceDbRow::into_row).transpose()
+    }
+
+    async fn save_resource(&mut self, row: &ResourceRow) -> StoreResult<()> {
+        sqlx::query(
+            "UPDATE resources SET last_token = ?, accepted_token = ?, last_activity_at = ? WHERE name = ?",
+        )
+        .bind(row.last_token)
+        .bind(row.accepted_token)
+        .bind(unix_ms(row.last_activity_at))
+        .bind(row.name.as_str())
+        .execute(&mut *self.0)
+        .await?;
+        Ok(())
+    }
+
+    async fn active_lease(&mut self, name: &ResourceName) -> StoreResult<Option<Lease>> {
+        let sql =
+            format!("SELECT {LEASE_COLUMNS} FROM leases WHERE resource = ? AND state = 'active'");
+        let row: Option<LeaseRow<i64>> = sqlx::query_as(&sql)
+            .bind(name.as_str())
+            .fetch_optional(&mut *self.0)
+            .await?;
+        into_lease(row)
+    }
+
+    async fn lease_by_id(&mut self, id: &LeaseId) -> StoreResult<Option<Lease>> {
+        let sql = format!("SELECT {LEASE_COLUMNS} FROM leases WHERE lease_id = ?");
+        let row: Option<LeaseRow<i64>> = sqlx::query_as(&sql)
+            .bind(id.as_str())
+            .fetch_optional(&mut *self.0)
+            .await?;
+        into_lease(row)
+    }
+
+    async fn lease_by_token(
+        &mut self,
+        name: &ResourceName,
+        token: Token,
+    ) -> StoreResult<Option<Lease>> {
+        let sql = format!("SELECT {LEASE_COLUMNS} FROM leases WHERE resource = ? AND token = ?");
+        let row: Option<LeaseRow<i64>> = sqlx::query_as(&sql)
+            .bind(name.as_str())
+            .bind(token.get())
+            .fetch_optional(&mut *self.0)
+            .await?;
+        into_lease(row)
+    }
+
+    async fn insert_lease(&mut self, l: &Lease) -> StoreResult<()> {
+        let sql =
+            format!("INSERT INTO leases ({LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+        sqlx::query(&sql)
+            .bind(l.lease_id.as_str())
+            .bind(l.resource.as_str())
+            .bind(l.token.get())
+            .bind(l.holder.as_str())
+            .bind(l.state.as_str())
+            .bind(l.ttl_ms)
+            .bind(unix_ms(l.acquired_at))
+            .bind(unix_ms(l.expires_at))
+            .bind(l.ended_at.map(unix_ms))
+            .bind(l.request_id.as_ref().map(|r| r.as_str()))
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn update_lease(&mut self, l: &Lease) -> StoreResult<()> {
+        sqlx::query("UPDATE leases SET state = ?, ttl_ms = ?, expires_at = ?, ended_at = ? WHERE lease_id = ?")
+            .bind(l.state.as_str())
+            .bind(l.ttl_ms)
+            .bind(unix_ms(l.expires_at))
+            .bind(l.ended_at.map(unix_ms))
+            .bind(l.lease_id.as_str())
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn upsert_value(
+        &mut self,
+        name: &ResourceName,
+        json: &str,
+        token: Token,
+        now: DateTime<Utc>,
+    ) -> StoreResult<i64> {
+        let version: i64 = sqlx::query_scalar(
+            "INSERT INTO fenced_values (resource, value, token, version, updated_at) VALUES (?, ?, ?, 1, ?) \
+             ON CONFLICT (resource) DO UPDATE SET value = excluded.value, token = excluded.token, \
+             version = fenced_values.version + 1, updated_at = excluded.updated_at \
+             RETURNING version",
+        )
+        .bind(name.as_str())
+        .bind(json)
+        .bind(token.get())
+        .bind(unix_ms(now))
+        .fetch_one(&mut *self.0)
+        .await?;
+        Ok(version)
+    }
+
+    async fn value(&mut self, name: &ResourceName) -> StoreResult<Option<StoredValue>> {
+        let row: Option<ValueRow<i64>> = sqlx::query_as(
+            "SELECT value, token, version, updated_at FROM fenced_values WHERE resource = ?",
+        )
+        .bind(name.as_str())
+        .fetch_optional(&mut *self.0)
+        .await?;
+        row.map(ValueRow::into_value).transpose()
+    }
+
+    async fn insert_event(&mut self, e: &NewEvent) -> StoreResult<()> {
+        sqlx::query("INSERT INTO events (at, kind, resource, token, holder, detail) VALUES (?, ?, ?, ?, ?, ?)")
+            .bind(unix_ms(e.at))
+            .bind(e.kind.as_str())
+            .bind(e.resource.as_str())
+            .bind(e.token.map(Token::get))
+            .bind(e.holder.as_ref().map(|h| h.as_str()))
+            .bind(e.detail.to_string())
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn announce_lease_ended(&mut self, _name: &ResourceName) -> StoreResult<()> {
+        // One process owns an SQLite database; the service wakes its own
+        // waiters after commit.
+        Ok(())
+    }
+}

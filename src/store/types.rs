@@ -1,0 +1,172 @@
+//! Values that cross the storage seam: requests, outcomes and rows.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value as Json;
+
+use crate::domain::{
+    EventKind, Holder, Lease, LeaseId, LeaseState, RequestId, ResourceName, Token, Ttl,
+};
+
+/// A resource's durable counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceRow {
+    pub name: ResourceName,
+    /// Highest token ever issued (0 before the first acquisition).
+    pub last_token: i64,
+    /// Highest token the fence ever accepted (0 before the first write).
+    pub accepted_token: i64,
+    pub created_at: DateTime<Utc>,
+    pub last_activity_at: DateTime<Utc>,
+}
+
+/// A resource as readers see it, with its live lease if any.
+#[derive(Debug, Clone)]
+pub struct ResourceView {
+    pub row: ResourceRow,
+    pub holder: Option<Lease>,
+    pub now: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    pub resource: ResourceName,
+    pub holder: Holder,
+    pub ttl: Ttl,
+    pub request_id: Option<RequestId>,
+    /// Minted before the transaction so a granted lease needs no read-back.
+    pub lease_id: LeaseId,
+}
+
+#[derive(Debug, Clone)]
+pub enum AcquireOutcome {
+    Granted {
+        lease: Lease,
+        /// The previous lease, if this acquire found it past its deadline and
+        /// recorded its expiry first.
+        expired: Option<Lease>,
+    },
+    /// The same request_id already holds the live lease.
+    Existing(Lease),
+    Held {
+        holder: Lease,
+        now: DateTime<Utc>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub enum RenewOutcome {
+    Renewed {
+        lease: Lease,
+        /// Time that was left on the lease when it was renewed.
+        margin_ms: i64,
+    },
+    NotActive(Lease),
+    NotFound,
+}
+
+#[derive(Debug, Clone)]
+pub enum ReleaseOutcome {
+    Released(Lease),
+    AlreadyReleased(Lease),
+    NotActive(Lease),
+    NotFound,
+}
+
+#[derive(Debug, Clone)]
+pub enum ForceReleaseOutcome {
+    Released(Lease),
+    NotHeld,
+    ResourceNotFound,
+}
+
+/// Which door a fenced write came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteVia {
+    /// `POST …/fence`, called by external storage.
+    Fence,
+    /// `PUT …/value`, the built-in store.
+    Store,
+}
+
+impl WriteVia {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WriteVia::Fence => "fence",
+            WriteVia::Store => "store",
+        }
+    }
+}
+
+/// A value to write into the built-in store (already validated JSON text).
+#[derive(Debug, Clone)]
+pub struct ValueWrite {
+    pub json: String,
+}
+
+#[derive(Debug, Clone)]
+pub enum FenceOutcome {
+    Accepted {
+        token: Token,
+        accepted_token: i64,
+        /// Set when a value was written.
+        version: Option<i64>,
+        at: DateTime<Utc>,
+    },
+    Rejected(FenceRejection),
+}
+
+/// Why a write was refused, with what forensics need.
+#[derive(Debug, Clone)]
+pub struct FenceRejection {
+    /// `true`: the token was never issued; `false`: it is stale.
+    pub unknown: bool,
+    pub token: Token,
+    pub accepted_token: i64,
+    pub last_token: i64,
+    /// State of the token's own lease, when it was issued.
+    pub lease_state: Option<LeaseState>,
+    /// The lease that fenced this one out, if any: (token, holder).
+    pub fenced_by: Option<(Token, Holder)>,
+    /// How long after its lease ended the write arrived.
+    pub lateness_ms: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoredValue {
+    pub json: String,
+    pub token: Token,
+    pub version: i64,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// An event about to be written.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    pub at: DateTime<Utc>,
+    pub kind: EventKind,
+    pub resource: ResourceName,
+    pub token: Option<Token>,
+    pub holder: Option<Holder>,
+    pub detail: Json,
+}
+
+/// An event read back from the log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    pub kind: EventKind,
+    pub resource: String,
+    pub token: Option<i64>,
+    pub holder: Option<String>,
+    pub detail: Json,
+}
+
+#[derive(Debug, Clone)]
+pub struct EventFilter {
+    pub resource: Option<ResourceName>,
+    pub kind: Option<EventKind>,
+    /// Only events with an id greater than this.
+    pub after: i64,
+    pub limit: i64,
+}
