@@ -2,6 +2,8 @@
 
 pub mod app;
 pub mod cli;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod domain;
 pub mod http;
 pub mod service;

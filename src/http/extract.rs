@@ -6,7 +6,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use serde::de::DeserializeOwned;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
 use crate::domain::{LeaseId, ResourceName};
 
 /// A JSON body: `application/json` (or `+json`) content type, parsed with
@@ -37,13 +37,12 @@ async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<(bool, Byt
     let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
+                ErrorCode::PayloadTooLarge,
                 "request body is larger than the server accepts",
             )
         } else {
-            ApiError::bad_request(
-                "invalid_body",
+            ApiError::new(
+                ErrorCode::InvalidBody,
                 format!("cannot read request body: {rejection}"),
             )
         }
@@ -53,8 +52,7 @@ async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<(bool, Byt
 
 fn unsupported_media_type() -> ApiError {
     ApiError::new(
-        StatusCode::UNSUPPORTED_MEDIA_TYPE,
-        "unsupported_media_type",
+        ErrorCode::UnsupportedMediaType,
         "send the body as JSON with Content-Type: application/json",
     )
 }
@@ -62,9 +60,9 @@ fn unsupported_media_type() -> ApiError {
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|err| match err.classify() {
         serde_json::error::Category::Data => {
-            ApiError::bad_request("invalid_field", err.to_string())
+            ApiError::new(ErrorCode::InvalidField, err.to_string())
         }
-        _ => ApiError::bad_request("invalid_json", format!("malformed JSON: {err}")),
+        _ => ApiError::new(ErrorCode::InvalidJson, format!("malformed JSON: {err}")),
     })
 }
 
@@ -106,8 +104,8 @@ impl<S: Send + Sync> FromRequestParts<S> for ResourcePath {
             axum::extract::Path::<String>::from_request_parts(parts, state)
                 .await
                 .map_err(|e| {
-                    ApiError::bad_request(
-                        "invalid_resource",
+                    ApiError::new(
+                        ErrorCode::InvalidResource,
                         format!(
                             "resource name must be one percent-encoded UTF-8 path segment: {e}"
                         ),
@@ -130,6 +128,6 @@ impl<S: Send + Sync> FromRequestParts<S> for LeasePath {
             .unwrap_or_default();
         LeaseId::parse(&raw)
             .map(LeasePath)
-            .ok_or_else(|| ApiError::not_found("lease_not_found", "no lease with this id"))
+            .ok_or_else(|| ApiError::new(ErrorCode::LeaseNotFound, "no lease with this id"))
     }
 }

@@ -11,14 +11,13 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::service::{LockService, MAX_VALUE_BYTES};
 use auth::AdminToken;
-use error::ApiError;
+use error::{ApiError, ErrorCode};
 
 /// The largest request body: a maximal value plus room for its envelope.
 pub const MAX_BODY_BYTES: usize = MAX_VALUE_BYTES + 64 * 1024;
@@ -42,8 +41,7 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
+                ErrorCode::Internal,
                 "internal error; the details are in the server log",
             )
             .into_response()
@@ -53,13 +51,12 @@ pub fn router(state: AppState) -> Router {
 }
 
 async fn not_found() -> ApiError {
-    ApiError::not_found("not_found", "no such route")
+    ApiError::new(ErrorCode::NotFound, "no such route")
 }
 
 async fn method_not_allowed() -> ApiError {
     ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
+        ErrorCode::MethodNotAllowed,
         "this route does not accept that method",
     )
 }

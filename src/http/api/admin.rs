@@ -8,7 +8,7 @@ use super::views::LeaseView;
 use crate::domain::Reason;
 use crate::http::AppState;
 use crate::http::auth::AdminBearer;
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, ErrorCode};
 use crate::http::extract::{ApiJson, ResourcePath};
 use crate::store::ForceReleaseOutcome;
 
@@ -33,12 +33,12 @@ pub async fn force_release(
         .await?
     {
         ForceReleaseOutcome::Released(lease) => Ok(Json(LeaseView::public(&lease))),
-        ForceReleaseOutcome::NotHeld => Err(ApiError::conflict(
-            "lock_not_held",
+        ForceReleaseOutcome::NotHeld => Err(ApiError::new(
+            ErrorCode::LockNotHeld,
             "the resource has no live lease to release",
         )),
-        ForceReleaseOutcome::ResourceNotFound => Err(ApiError::not_found(
-            "resource_not_found",
+        ForceReleaseOutcome::ResourceNotFound => Err(ApiError::new(
+            ErrorCode::ResourceNotFound,
             "the resource has never been used",
         )),
     }

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use super::views::{EventView, EventsBody};
 use crate::domain::{EventKind, ResourceName};
 use crate::http::AppState;
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, ErrorCode};
 use crate::store::EventFilter;
 
 pub const DEFAULT_LIMIT: i64 = 100;
@@ -37,12 +37,12 @@ impl EventsQuery {
         let kind = non_empty(self.kind)
             .map(|k| k.parse::<EventKind>())
             .transpose()
-            .map_err(|e| ApiError::bad_request("invalid_kind", e.to_string()))?;
+            .map_err(|e| ApiError::new(ErrorCode::InvalidKind, e.to_string()))?;
         let after = match non_empty(self.after) {
             None => 0,
             Some(raw) => raw.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
-                ApiError::bad_request(
-                    "invalid_query",
+                ApiError::new(
+                    ErrorCode::InvalidQuery,
                     format!("after must be a non-negative integer event id (got {raw:?})"),
                 )
             })?,
@@ -54,8 +54,8 @@ impl EventsQuery {
                 .ok()
                 .filter(|n| (1..=MAX_LIMIT).contains(n))
                 .ok_or_else(|| {
-                    ApiError::bad_request(
-                        "invalid_query",
+                    ApiError::new(
+                        ErrorCode::InvalidQuery,
                         format!("limit must be an integer from 1 to {MAX_LIMIT} (got {raw:?})"),
                     )
                 })?,
@@ -73,7 +73,7 @@ pub async fn list(
     State(state): State<AppState>,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let Query(query) = query.map_err(|e| ApiError::new(ErrorCode::InvalidQuery, e.body_text()))?;
     let filter = query.into_filter()?;
     let events = state.service.events(&filter).await?;
     let next_after = events.last().map_or(filter.after, |e| e.id);

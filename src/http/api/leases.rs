@@ -2,14 +2,13 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use super::views::{LeaseView, timestamp};
 use crate::domain::{Holder, LeaseId, RequestId, Ttl, WaitTime};
 use crate::http::AppState;
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, ErrorCode};
 use crate::http::extract::{ApiJson, LeasePath, OptionalJson, ResourcePath};
 use crate::store::{AcquireOutcome, AcquireRequest, ReleaseOutcome, RenewOutcome};
 
@@ -42,8 +41,8 @@ pub async fn acquire(
         AcquireOutcome::Granted { lease, .. } | AcquireOutcome::Existing(lease) => {
             Ok(Json(LeaseView::private(&lease)).into_response())
         }
-        AcquireOutcome::Held { holder, .. } => Err(ApiError::conflict(
-            "lock_held",
+        AcquireOutcome::Held { holder, .. } => Err(ApiError::new(
+            ErrorCode::LockHeld,
             format!("{} is held by another holder", holder.resource),
         )
         .with(
@@ -58,13 +57,12 @@ pub async fn acquire(
 }
 
 fn lease_not_found() -> ApiError {
-    ApiError::not_found("lease_not_found", "no lease with this id")
+    ApiError::new(ErrorCode::LeaseNotFound, "no lease with this id")
 }
 
 fn lease_not_active(lease: &crate::domain::Lease) -> ApiError {
     ApiError::new(
-        StatusCode::GONE,
-        "lease_not_active",
+        ErrorCode::LeaseNotActive,
         format!("the lease has ended ({})", lease.state),
     )
     .with(

@@ -2,7 +2,6 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
@@ -11,7 +10,7 @@ use serde_json::value::RawValue;
 use super::views::{ResourceBody, ValueBody, timestamp};
 use crate::domain::{ResourceName, Token};
 use crate::http::AppState;
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, ErrorCode};
 use crate::http::extract::{ApiJson, ResourcePath};
 use crate::service::MAX_VALUE_BYTES;
 use crate::store::{FenceOutcome, FenceRejection, ValueWrite};
@@ -29,8 +28,8 @@ pub async fn show(
 }
 
 fn resource_not_found(name: &ResourceName) -> ApiError {
-    ApiError::not_found(
-        "resource_not_found",
+    ApiError::new(
+        ErrorCode::ResourceNotFound,
         format!("resource {:?} has never been used", name.as_str()),
     )
 }
@@ -38,15 +37,15 @@ fn resource_not_found(name: &ResourceName) -> ApiError {
 /// The 409 for a refused write, shared by the fence and the value store.
 fn rejection(r: &FenceRejection) -> ApiError {
     if r.unknown {
-        return ApiError::conflict(
-            "unknown_token",
+        return ApiError::new(
+            ErrorCode::UnknownToken,
             format!("token {} was never issued for this resource", r.token),
         )
         .with("token", r.token.get())
         .with("last_token", r.last_token);
     }
-    ApiError::conflict(
-        "stale_token",
+    ApiError::new(
+        ErrorCode::StaleToken,
         format!(
             "token {} is stale: its lease has ended or a newer token was accepted",
             r.token
@@ -101,8 +100,7 @@ fn validate_value(raw: &RawValue) -> Result<ValueWrite, ApiError> {
     let text = raw.get();
     if text.len() > MAX_VALUE_BYTES {
         return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "value_too_large",
+            ErrorCode::ValueTooLarge,
             format!(
                 "value is {} bytes of JSON; the limit is {MAX_VALUE_BYTES}",
                 text.len()
@@ -112,7 +110,10 @@ fn validate_value(raw: &RawValue) -> Result<ValueWrite, ApiError> {
     // Full parse: rejects what a raw scan lets through (lone surrogates,
     // numbers out of range).
     serde_json::from_str::<serde_json::Value>(text).map_err(|e| {
-        ApiError::bad_request("invalid_value", format!("value is not storable JSON: {e}"))
+        ApiError::new(
+            ErrorCode::InvalidValue,
+            format!("value is not storable JSON: {e}"),
+        )
     })?;
     Ok(ValueWrite {
         json: text.to_owned(),
@@ -144,18 +145,14 @@ pub async fn read_value(
     ResourcePath(name): ResourcePath,
 ) -> Result<Response, ApiError> {
     let stored = state.service.value(&name).await?.ok_or_else(|| {
-        ApiError::not_found(
-            "value_not_found",
+        ApiError::new(
+            ErrorCode::ValueNotFound,
             "no value has been written for this resource",
         )
     })?;
     let raw = RawValue::from_string(stored.json).map_err(|e| {
         tracing::error!(error = %e, "stored value is not valid JSON");
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "stored value is corrupt",
-        )
+        ApiError::new(ErrorCode::Internal, "stored value is corrupt")
     })?;
     let body = ValueBody {
         value: &raw,
