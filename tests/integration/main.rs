@@ -3,4 +3,5 @@
 
 mod support;
 
+mod client;
 mod locks;
