@@ -10,7 +10,10 @@ use crate::app::Config;
 #[command(
     name = "palisade",
     version,
-    about = "A lock service with fencing tokens"
+    about = "A lock service with fencing tokens",
+    after_help = "Client commands exit with 0 ok, 1 other failure, 2 usage or invalid input, 3 held, \
+                  4 stale or unknown token, 5 not found, 6 lease not active, 7 server unavailable, \
+                  8 unauthorized; `run` exits with its command's status (see docs/cli.md)."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -23,6 +26,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Apply database migrations and exit.
     Migrate(DatabaseArgs),
+    #[cfg(feature = "client")]
+    #[command(flatten)]
+    Client(crate::commands::ClientCommand),
 }
 
 #[derive(Debug, Args)]

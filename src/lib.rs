@@ -4,6 +4,8 @@ pub mod app;
 pub mod cli;
 #[cfg(feature = "client")]
 pub mod client;
+#[cfg(feature = "client")]
+pub mod commands;
 pub mod domain;
 pub mod http;
 pub mod service;

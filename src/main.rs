@@ -25,5 +25,7 @@ async fn main() -> anyhow::Result<()> {
             store.close().await;
             Ok(())
         }
+        #[cfg(feature = "client")]
+        Command::Client(command) => std::process::exit(palisade::commands::execute(command).await),
     }
 }

@@ -185,6 +185,19 @@ impl Error {
     }
 }
 
+#[cfg(test)]
+impl Error {
+    /// A minimal error of the given code, as the server would send it.
+    pub(crate) fn from_code(code: ErrorCode) -> Error {
+        let body = serde_json::json!({"error": {
+            "code": code.as_str(),
+            "message": "m",
+            "holder": {"holder": "a", "token": 4, "expires_at": "2026-12-02T10:00:00.000Z"},
+        }});
+        Error::from_response(code.status(), &body.to_string())
+    }
+}
+
 fn unexpected(status: StatusCode, code: ErrorCode, message: String) -> Error {
     Error::Unexpected {
         status: status.as_u16(),
