@@ -3,5 +3,6 @@
 
 mod support;
 
+mod cli;
 mod client;
 mod locks;
