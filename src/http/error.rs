@@ -6,7 +6,9 @@
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
 
 use crate::domain::ValidationError;
 use crate::service::ServiceError;
@@ -192,14 +194,41 @@ impl From<ServiceError> for ApiError {
     }
 }
 
+/// The body of every error response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    pub code: ErrorCode,
+    /// For people; may change between versions. Match on `code`.
+    pub message: String,
+    /// Code-specific fields, for example `holder` with `lock_held`, `token`
+    /// and `accepted_token` with `stale_token`, `lease` with
+    /// `lease_not_active`.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl Serialize for ErrorCode {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        ser.serialize_str(self.as_str())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut error = Map::new();
         let status = self.status();
-        error.insert("code".into(), self.code.as_str().into());
-        error.insert("message".into(), self.message.into());
-        error.extend(self.extra);
-        let mut response = (status, Json(json!({ "error": error }))).into_response();
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: self.message,
+                extra: self.extra,
+            },
+        };
+        let mut response = (status, Json(body)).into_response();
         if status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod error;
 pub mod extract;
 mod health;
+pub mod openapi;
 
 use std::time::Instant;
 
@@ -31,8 +32,8 @@ pub struct AppState {
 
 pub fn router(state: AppState) -> Router {
     Router::new()
-        .merge(api::routes())
-        .merge(health::routes())
+        // The API, the health checks and the OpenAPI document.
+        .merge(openapi::documented_routes().split_for_parts().0)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Layers wrap what is above them, so the last one added runs first:

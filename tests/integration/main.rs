@@ -6,3 +6,4 @@ mod support;
 mod cli;
 mod client;
 mod locks;
+mod openapi;

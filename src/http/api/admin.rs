@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use serde::Deserialize;
+use utoipa::ToSchema;
 
 use super::views::LeaseView;
 use crate::domain::Reason;
@@ -10,16 +11,33 @@ use crate::http::AppState;
 use crate::http::auth::AdminBearer;
 use crate::http::error::{ApiError, ErrorCode};
 use crate::http::extract::{ApiJson, ResourcePath};
+use crate::http::openapi::ErrorBody;
 use crate::store::ForceReleaseOutcome;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ForceReleaseBody {
+    /// Why (1–1024 bytes); recorded in the event log.
     reason: String,
 }
 
 /// Ends the resource's live lease as `force_released`. The holder's renewals
 /// get 410 and its writes `stale_token` from this instant.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/resources/{name}/force-release",
+    tag = "admin",
+    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`)")),
+    request_body = ForceReleaseBody,
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "The lease that was ended (state `force_released`, without its id)", body = LeaseView),
+        (status = 400, description = "`invalid_resource`, `invalid_reason`, `invalid_json`, `invalid_field`", body = ErrorBody),
+        (status = 401, description = "`unauthorized`: missing or wrong `Authorization: Bearer <admin token>`", body = ErrorBody),
+        (status = 404, description = "`resource_not_found`", body = ErrorBody),
+        (status = 409, description = "`lock_not_held`: no live lease", body = ErrorBody),
+    )
+)]
 pub async fn force_release(
     State(state): State<AppState>,
     _admin: AdminBearer,

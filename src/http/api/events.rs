@@ -4,11 +4,13 @@ use axum::Json;
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
+use utoipa::IntoParams;
 
 use super::views::{EventView, EventsBody};
 use crate::domain::{EventKind, ResourceName};
 use crate::http::AppState;
 use crate::http::error::{ApiError, ErrorCode};
+use crate::http::openapi::ErrorBody;
 use crate::store::EventFilter;
 
 pub const DEFAULT_LIMIT: i64 = 100;
@@ -16,12 +18,20 @@ pub const MAX_LIMIT: i64 = 1000;
 
 /// Raw query parameters; every one is validated by hand so each mistake
 /// gets its own message. Empty values mean "not set".
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct EventsQuery {
+    /// Only events of this resource.
     resource: Option<String>,
+    /// Only events of this kind: acquired, renewed, released, expired,
+    /// force_released, write_accepted, write_rejected.
     kind: Option<String>,
+    /// Only events with an id greater than this (default 0).
+    #[param(value_type = Option<i64>)]
     after: Option<String>,
+    /// 1–1000, default 100.
+    #[param(value_type = Option<i64>)]
     limit: Option<String>,
 }
 
@@ -69,6 +79,17 @@ impl EventsQuery {
     }
 }
 
+/// The event log, in ascending id order; page with `after=next_after`.
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    tag = "events",
+    params(EventsQuery),
+    responses(
+        (status = 200, description = "A page of events", body = EventsBody),
+        (status = 400, description = "`invalid_query`, `invalid_kind`, `invalid_resource`", body = ErrorBody),
+    )
+)]
 pub async fn list(
     State(state): State<AppState>,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,

@@ -4,25 +4,45 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
+use utoipa::ToSchema;
 
 use super::views::{LeaseView, timestamp};
 use crate::domain::{Holder, LeaseId, RequestId, Ttl, WaitTime};
 use crate::http::AppState;
 use crate::http::error::{ApiError, ErrorCode};
 use crate::http::extract::{ApiJson, LeasePath, OptionalJson, ResourcePath};
+use crate::http::openapi::ErrorBody;
 use crate::store::{AcquireOutcome, AcquireRequest, ReleaseOutcome, RenewOutcome};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AcquireBody {
+    /// Who is asking: 1–255 bytes, no control characters.
     holder: String,
+    /// Lease time-to-live: 100 ms up to the server's maximum (default 24 h).
     ttl_ms: i64,
+    /// How long to wait for a held resource, 0–60000 ms.
     #[serde(default)]
     wait_ms: i64,
+    /// Idempotency key (≤ 128 bytes): a retry with the same id while the
+    /// lease is active returns the same lease.
     #[serde(default)]
     request_id: Option<String>,
 }
 
+/// Acquire a lock and get a fencing token.
+#[utoipa::path(
+    post,
+    path = "/v1/resources/{name}/acquire",
+    tag = "leases",
+    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`)")),
+    request_body = AcquireBody,
+    responses(
+        (status = 200, description = "Granted (or the same lease again, for a retried request_id); the token is greater than every token issued for this resource before", body = LeaseView),
+        (status = 400, description = "`invalid_resource`, `invalid_holder`, `invalid_ttl`, `invalid_wait`, `invalid_request_id`, `invalid_json`, `invalid_field`", body = ErrorBody),
+        (status = 409, description = "`lock_held`: still held after waiting `wait_ms`; `holder` has the holder, token and expires_at", body = ErrorBody),
+    )
+)]
 pub async fn acquire(
     State(state): State<AppState>,
     ResourcePath(resource): ResourcePath,
@@ -71,12 +91,27 @@ fn lease_not_active(lease: &crate::domain::Lease) -> ApiError {
     )
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RenewBody {
+    /// New time-to-live from now; absent (or an empty body) keeps the TTL.
     ttl_ms: Option<i64>,
 }
 
+/// Extend a lease: `expires_at` becomes now + TTL.
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{lease_id}/renew",
+    tag = "leases",
+    params(("lease_id" = String, Path, description = "The lease id returned by acquire (a secret)")),
+    request_body(content = Option<RenewBody>, description = "Optional; an empty body keeps the TTL"),
+    responses(
+        (status = 200, description = "Renewed", body = LeaseView),
+        (status = 400, description = "`invalid_ttl`, `invalid_json`, `invalid_field`", body = ErrorBody),
+        (status = 404, description = "`lease_not_found`", body = ErrorBody),
+        (status = 410, description = "`lease_not_active`: the lease has ended (a passed deadline counts, swept or not); `lease` shows its state", body = ErrorBody),
+    )
+)]
 pub async fn renew(
     State(state): State<AppState>,
     LeasePath(id): LeasePath,
@@ -93,6 +128,18 @@ pub async fn renew(
     }
 }
 
+/// Release a lease. Releasing a released lease again is fine.
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{lease_id}/release",
+    tag = "leases",
+    params(("lease_id" = String, Path, description = "The lease id returned by acquire (a secret)")),
+    responses(
+        (status = 200, description = "Released (state `released`)", body = LeaseView),
+        (status = 404, description = "`lease_not_found`", body = ErrorBody),
+        (status = 410, description = "`lease_not_active`: it expired or was force-released first", body = ErrorBody),
+    )
+)]
 pub async fn release(
     State(state): State<AppState>,
     LeasePath(id): LeasePath,
@@ -106,6 +153,17 @@ pub async fn release(
     }
 }
 
+/// Look a lease up by its id; the state is current by the database clock.
+#[utoipa::path(
+    get,
+    path = "/v1/leases/{lease_id}",
+    tag = "leases",
+    params(("lease_id" = String, Path, description = "The lease id returned by acquire (a secret)")),
+    responses(
+        (status = 200, description = "The lease", body = LeaseView),
+        (status = 404, description = "`lease_not_found`", body = ErrorBody),
+    )
+)]
 pub async fn show(
     State(state): State<AppState>,
     LeasePath(id): LeasePath,

@@ -1,5 +1,7 @@
 //! The JSON API, v1. Handlers are thin: extract and validate, call the
-//! service, map the outcome to a status and body.
+//! service, map the outcome to a status and body. Each is registered with
+//! `routes!`, which also puts its `#[utoipa::path]` into the OpenAPI
+//! document, so a route cannot exist undocumented.
 
 mod admin;
 mod events;
@@ -7,26 +9,20 @@ mod leases;
 mod resources;
 pub mod views;
 
-use axum::Router;
-use axum::routing::{get, post};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/resources/{name}", get(resources::show))
-        .route("/v1/resources/{name}/acquire", post(leases::acquire))
-        .route("/v1/resources/{name}/fence", post(resources::fence))
-        .route(
-            "/v1/resources/{name}/value",
-            get(resources::read_value).put(resources::write_value),
-        )
-        .route("/v1/leases/{lease_id}", get(leases::show))
-        .route("/v1/leases/{lease_id}/renew", post(leases::renew))
-        .route("/v1/leases/{lease_id}/release", post(leases::release))
-        .route("/v1/events", get(events::list))
-        .route(
-            "/v1/admin/resources/{name}/force-release",
-            post(admin::force_release),
-        )
+pub fn documented_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(resources::show))
+        .routes(routes!(leases::acquire))
+        .routes(routes!(resources::fence))
+        .routes(routes!(resources::read_value, resources::write_value))
+        .routes(routes!(leases::show))
+        .routes(routes!(leases::renew))
+        .routes(routes!(leases::release))
+        .routes(routes!(events::list))
+        .routes(routes!(admin::force_release))
 }

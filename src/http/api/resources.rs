@@ -6,15 +6,29 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
+use utoipa::ToSchema;
 
-use super::views::{ResourceBody, ValueBody, timestamp};
+use super::views::{FenceAcceptedBody, ResourceBody, ValueBody, WriteReceiptBody, timestamp};
 use crate::domain::{ResourceName, Token};
 use crate::http::AppState;
 use crate::http::error::{ApiError, ErrorCode};
 use crate::http::extract::{ApiJson, ResourcePath};
+use crate::http::openapi::ErrorBody;
 use crate::service::MAX_VALUE_BYTES;
 use crate::store::{FenceOutcome, FenceRejection, ValueWrite};
 
+/// A resource's token counters and live holder.
+#[utoipa::path(
+    get,
+    path = "/v1/resources/{name}",
+    tag = "resources",
+    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`)")),
+    responses(
+        (status = 200, description = "The resource; `holder` is null when free", body = ResourceBody),
+        (status = 400, description = "`invalid_resource`", body = ErrorBody),
+        (status = 404, description = "`resource_not_found`: never used", body = ErrorBody),
+    )
+)]
 pub async fn show(
     State(state): State<AppState>,
     ResourcePath(name): ResourcePath,
@@ -62,35 +76,52 @@ fn rejection(r: &FenceRejection) -> ApiError {
     )
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FenceBody {
+    /// The fencing token the writer holds.
     token: i64,
 }
 
+/// The check external storage calls before it writes: may this token write now?
+#[utoipa::path(
+    post,
+    path = "/v1/resources/{name}/fence",
+    tag = "resources",
+    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`)")),
+    request_body = FenceBody,
+    responses(
+        (status = 200, description = "Accepted; the accepted token becomes max(accepted, token)", body = FenceAcceptedBody),
+        (status = 400, description = "`invalid_resource`, `invalid_token`, `invalid_json`, `invalid_field`", body = ErrorBody),
+        (status = 409, description = "`stale_token` (its lease ended or a newer token was accepted; with `token`, `accepted_token`, `lease_state`, `fenced_by`) or `unknown_token` (never issued; with `last_token`)", body = ErrorBody),
+    )
+)]
 pub async fn fence(
     State(state): State<AppState>,
     ResourcePath(name): ResourcePath,
     ApiJson(body): ApiJson<FenceBody>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<FenceAcceptedBody>, ApiError> {
     let token = Token::parse(body.token)?;
     match state.service.fence(&name, token).await? {
         FenceOutcome::Accepted {
             token,
             accepted_token,
             ..
-        } => Ok(Json(json!({
-            "token": token.get(),
-            "accepted_token": accepted_token,
-        }))),
+        } => Ok(Json(FenceAcceptedBody {
+            token: token.get(),
+            accepted_token,
+        })),
         FenceOutcome::Rejected(r) => Err(rejection(&r)),
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WriteValueBody {
+    /// The fencing token of the writer's lease.
     token: i64,
+    /// Any JSON value, at most 1 MiB.
+    #[schema(value_type = Object)]
     value: Box<RawValue>,
 }
 
@@ -120,26 +151,53 @@ fn validate_value(raw: &RawValue) -> Result<ValueWrite, ApiError> {
     })
 }
 
+/// The built-in fenced store: the fence check and the write in one transaction.
+#[utoipa::path(
+    put,
+    path = "/v1/resources/{name}/value",
+    tag = "resources",
+    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`)")),
+    request_body = WriteValueBody,
+    responses(
+        (status = 200, description = "Written", body = WriteReceiptBody),
+        (status = 400, description = "`invalid_resource`, `invalid_token`, `invalid_value`, `invalid_json`, `invalid_field`", body = ErrorBody),
+        (status = 409, description = "`stale_token` or `unknown_token`, as for the fence; nothing was written", body = ErrorBody),
+        (status = 413, description = "`value_too_large` (over 1 MiB of JSON) or `payload_too_large`", body = ErrorBody),
+    )
+)]
 pub async fn write_value(
     State(state): State<AppState>,
     ResourcePath(name): ResourcePath,
     ApiJson(body): ApiJson<WriteValueBody>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<WriteReceiptBody>, ApiError> {
     let token = Token::parse(body.token)?;
     let value = validate_value(&body.value)?;
     match state.service.write_value(&name, token, value).await? {
         FenceOutcome::Accepted {
             token, version, at, ..
-        } => Ok(Json(json!({
-            "resource": name.as_str(),
-            "token": token.get(),
-            "version": version,
-            "updated_at": timestamp(at),
-        }))),
+        } => Ok(Json(WriteReceiptBody {
+            resource: name.as_str().to_owned(),
+            token: token.get(),
+            // Always set when a value was written.
+            version: version.unwrap_or_default(),
+            updated_at: timestamp(at),
+        })),
         FenceOutcome::Rejected(r) => Err(rejection(&r)),
     }
 }
 
+/// Read the built-in store's value and the token that wrote it.
+#[utoipa::path(
+    get,
+    path = "/v1/resources/{name}/value",
+    tag = "resources",
+    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`)")),
+    responses(
+        (status = 200, description = "The value", body = ValueBody),
+        (status = 400, description = "`invalid_resource`", body = ErrorBody),
+        (status = 404, description = "`value_not_found`", body = ErrorBody),
+    )
+)]
 pub async fn read_value(
     State(state): State<AppState>,
     ResourcePath(name): ResourcePath,

@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::value::RawValue;
+use utoipa::ToSchema;
 
 use crate::domain::Lease;
 use crate::store::{Event, ResourceView};
@@ -12,14 +13,18 @@ pub fn timestamp(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+/// A lease. Times are RFC 3339 UTC with milliseconds.
 pub struct LeaseView {
-    /// Only for whoever already proved they know it.
+    /// The holder's secret proof of ownership: only in answers to the
+    /// acquirer and to `GET /v1/leases/{lease_id}`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_id: Option<String>,
     pub resource: String,
     pub holder: String,
     pub token: i64,
+    /// `active`, `released`, `expired` or `force_released`.
+    #[schema(value_type = String, example = "active")]
     pub state: &'static str,
     pub acquired_at: String,
     pub expires_at: String,
@@ -52,7 +57,7 @@ impl LeaseView {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct HolderView {
     pub holder: String,
     pub token: i64,
@@ -71,7 +76,7 @@ impl HolderView {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct ResourceBody {
     pub resource: String,
     pub last_token: i64,
@@ -90,14 +95,21 @@ impl ResourceBody {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct EventView<'a> {
     pub id: i64,
     pub at: String,
+    /// `acquired`, `renewed`, `released`, `expired`, `force_released`,
+    /// `write_accepted` or `write_rejected`.
+    #[schema(value_type = String, example = "acquired")]
     pub kind: &'static str,
+    #[schema(value_type = String)]
     pub resource: &'a str,
     pub token: Option<i64>,
+    #[schema(value_type = Option<String>)]
     pub holder: Option<&'a str>,
+    /// Kind-specific details (a rejection says which token fenced it out).
+    #[schema(value_type = Object)]
     pub detail: &'a serde_json::Value,
 }
 
@@ -115,16 +127,36 @@ impl<'a> EventView<'a> {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct EventsBody<'a> {
     pub events: Vec<EventView<'a>>,
     pub next_after: i64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub struct ValueBody<'a> {
+    /// The stored JSON value, exactly as written.
+    #[schema(value_type = Object)]
     pub value: &'a RawValue,
     pub token: i64,
+    pub version: i64,
+    pub updated_at: String,
+}
+
+/// A token the fence let through.
+#[derive(Serialize, ToSchema)]
+pub struct FenceAcceptedBody {
+    pub token: i64,
+    /// The highest token accepted so far (now at least `token`).
+    pub accepted_token: i64,
+}
+
+/// A value the fenced store accepted.
+#[derive(Serialize, ToSchema)]
+pub struct WriteReceiptBody {
+    pub resource: String,
+    pub token: i64,
+    /// Counts accepted writes to this resource's value.
     pub version: i64,
     pub updated_at: String,
 }
