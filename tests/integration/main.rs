@@ -7,3 +7,4 @@ mod cli;
 mod client;
 mod locks;
 mod openapi;
+mod recipes;
