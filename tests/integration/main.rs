@@ -4,5 +4,7 @@
 mod support;
 
 mod bad_input;
+mod concurrency;
+mod history;
 mod fencing;
 mod locks;
