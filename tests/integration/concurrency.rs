@@ -27,7 +27,13 @@ struct Counts {
 
 /// One worker: acquire (waiting), sometimes pause past the TTL like a
 /// stalled process, write with the token, release.
-async fn worker(servers: Arc<Vec<String>>, client: reqwest::Client, id: usize, until: Instant, counts: Arc<Counts>) {
+async fn worker(
+    servers: Arc<Vec<String>>,
+    client: reqwest::Client,
+    id: usize,
+    until: Instant,
+    counts: Arc<Counts>,
+) {
     let mut seq = 0;
     while Instant::now() < until {
         let (resource, base, pause) = {
@@ -68,11 +74,18 @@ async fn worker(servers: Arc<Vec<String>>, client: reqwest::Client, id: usize, u
             other => panic!("unexpected write status {other}"),
         };
         let res = client
-            .post(format!("{base}/v1/leases/{}/release", lease["lease_id"].as_str().unwrap_or("")))
+            .post(format!(
+                "{base}/v1/leases/{}/release",
+                lease["lease_id"].as_str().unwrap_or("")
+            ))
             .send()
             .await
             .expect("release sent");
-        assert!(matches!(res.status(), StatusCode::OK | StatusCode::GONE), "{}", res.status());
+        assert!(
+            matches!(res.status(), StatusCode::OK | StatusCode::GONE),
+            "{}",
+            res.status()
+        );
     }
 }
 
@@ -82,7 +95,15 @@ async fn race(servers: &[&TestServer], duration: Duration) -> Arc<Counts> {
     let until = Instant::now() + duration;
     let client = reqwest::Client::new();
     let tasks: Vec<_> = (0..CLIENTS)
-        .map(|id| tokio::spawn(worker(bases.clone(), client.clone(), id, until, counts.clone())))
+        .map(|id| {
+            tokio::spawn(worker(
+                bases.clone(),
+                client.clone(),
+                id,
+                until,
+                counts.clone(),
+            ))
+        })
         .collect();
     for t in tasks {
         t.await.expect("worker finished");
@@ -97,16 +118,37 @@ async fn verify(s: &TestServer, counts: &Counts) {
     tokio::time::sleep(Duration::from_millis(TTL_MS as u64 + 600)).await;
     let events = s.all_events(None).await;
     let (violations, tally) = history::check(&events);
-    assert!(violations.is_empty(), "{} violations, first: {:#?}", violations.len(), &violations[..violations.len().min(10)]);
+    assert!(
+        violations.is_empty(),
+        "{} violations, first: {:#?}",
+        violations.len(),
+        &violations[..violations.len().min(10)]
+    );
     let granted = counts.granted.load(Ordering::Relaxed);
-    assert_eq!(tally.count("acquired"), granted, "every grant recorded exactly once");
-    assert_eq!(tally.count("write_accepted"), counts.accepted.load(Ordering::Relaxed));
-    assert_eq!(tally.count("write_rejected"), counts.rejected.load(Ordering::Relaxed));
+    assert_eq!(
+        tally.count("acquired"),
+        granted,
+        "every grant recorded exactly once"
+    );
+    assert_eq!(
+        tally.count("write_accepted"),
+        counts.accepted.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        tally.count("write_rejected"),
+        counts.rejected.load(Ordering::Relaxed)
+    );
     let endings = tally.count("released") + tally.count("expired") + tally.count("force_released");
     assert_eq!(endings, granted, "every lease ended exactly once");
-    assert!(granted > 50, "too little traffic to mean anything: {granted}");
+    assert!(
+        granted > 50,
+        "too little traffic to mean anything: {granted}"
+    );
     assert!(tally.count("expired") > 0, "no lease expired");
-    assert!(counts.rejected.load(Ordering::Relaxed) > 0, "no zombie write was rejected");
+    assert!(
+        counts.rejected.load(Ordering::Relaxed) > 0,
+        "no zombie write was rejected"
+    );
     // The store's final state agrees with the log: no lost updates.
     for r in 0..RESOURCES {
         let name = format!("res-{r}");
@@ -119,7 +161,11 @@ async fn verify(s: &TestServer, counts: &Counts) {
             assert_eq!(status, StatusCode::NOT_FOUND);
             continue;
         }
-        assert_eq!(value["version"].as_u64(), Some(accepted.len() as u64), "{name}: lost update");
+        assert_eq!(
+            value["version"].as_u64(),
+            Some(accepted.len() as u64),
+            "{name}: lost update"
+        );
         assert_eq!(value["token"], accepted.last().unwrap()["token"]);
         let (_, res) = s.get(&format!("/v1/resources/{name}")).await;
         assert_eq!(res["accepted_token"], value["token"]);
@@ -179,12 +225,17 @@ async fn concurrent_writers_lose_no_update(backend: Backend) {
     h.finish().await;
 }
 
-crate::on_both_backends!(racing_clients_leave_a_safe_serial_history, concurrent_writers_lose_no_update);
+crate::on_both_backends!(
+    racing_clients_leave_a_safe_serial_history,
+    concurrent_writers_lose_no_update
+);
 
 /// Two instances on one PostgreSQL: clients spread over both, both sweep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_one_postgres_stay_safe() {
-    let Some(backend) = Backend::postgres() else { return };
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
     let db = TestDb::create(&backend).await;
     let a = TestServer::start(&db.url).await;
     let b = TestServer::start(&db.url).await;
@@ -199,7 +250,9 @@ async fn two_instances_on_one_postgres_stay_safe() {
 /// LISTEN/NOTIFY), not by the holder's TTL running out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_on_one_instance_wakes_a_waiter_on_another() {
-    let Some(backend) = Backend::postgres() else { return };
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
     let db = TestDb::create(&backend).await;
     let a = TestServer::start(&db.url).await;
     let b = TestServer::start(&db.url).await;
@@ -223,7 +276,10 @@ async fn a_release_on_one_instance_wakes_a_waiter_on_another() {
     a.release(&lease).await;
     let (status, waited) = waiter.await.unwrap();
     assert_eq!(status, StatusCode::OK);
-    assert!(waited < Duration::from_secs(15), "woken by the TTL or the deadline, not the release: {waited:?}");
+    assert!(
+        waited < Duration::from_secs(15),
+        "woken by the TTL or the deadline, not the release: {waited:?}"
+    );
     a.stop().await;
     b.stop().await;
     db.drop_db().await;
@@ -233,13 +289,19 @@ async fn a_release_on_one_instance_wakes_a_waiter_on_another() {
 /// create the resource.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_racing_on_a_new_resource_issue_distinct_tokens() {
-    let Some(backend) = Backend::postgres() else { return };
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
     let db = TestDb::create(&backend).await;
     let a = TestServer::start(&db.url).await;
     let b = TestServer::start(&db.url).await;
     let mut tasks = Vec::new();
     for i in 0..40 {
-        let s = if i % 2 == 0 { a.base.clone() } else { b.base.clone() };
+        let s = if i % 2 == 0 {
+            a.base.clone()
+        } else {
+            b.base.clone()
+        };
         let client = a.client.clone();
         tasks.push(tokio::spawn(async move {
             let res = client
@@ -258,9 +320,17 @@ async fn instances_racing_on_a_new_resource_issue_distinct_tokens() {
         tokens.push(t.await.unwrap());
     }
     for r in 0..5 {
-        let mut mine: Vec<i64> = tokens.iter().filter(|(res, _)| *res == r).map(|(_, t)| *t).collect();
+        let mut mine: Vec<i64> = tokens
+            .iter()
+            .filter(|(res, _)| *res == r)
+            .map(|(_, t)| *t)
+            .collect();
         mine.sort();
-        assert_eq!(mine, (1..=8).collect::<Vec<_>>(), "resource {r}: tokens {mine:?}");
+        assert_eq!(
+            mine,
+            (1..=8).collect::<Vec<_>>(),
+            "resource {r}: tokens {mine:?}"
+        );
     }
     a.stop().await;
     b.stop().await;

@@ -16,7 +16,11 @@ async fn the_fence_accepts_live_tokens_and_rejects_stale_and_unknown_ones(backen
     let first = s.acquire("ledger", "w1", 30_000).await;
     for _ in 0..3 {
         let (status, body) = s.fence("ledger", 1).await;
-        assert_eq!(status, StatusCode::OK, "a live token passes, repeatedly: {body}");
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "a live token passes, repeatedly: {body}"
+        );
         assert_eq!(body, json!({"token": 1, "accepted_token": 1}));
     }
     let (status, body) = s.fence("ledger", 2).await;
@@ -41,7 +45,10 @@ async fn the_fence_accepts_live_tokens_and_rejects_stale_and_unknown_ones(backen
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(body["error"]["code"], "stale_token");
     assert_eq!(body["error"]["accepted_token"], 2);
-    assert_eq!(body["error"]["fenced_by"], json!({"token": 2, "holder": "w2"}));
+    assert_eq!(
+        body["error"]["fenced_by"],
+        json!({"token": 2, "holder": "w2"})
+    );
 
     let (_, res) = s.get("/v1/resources/ledger").await;
     assert_eq!(res["accepted_token"], 2);
@@ -82,7 +89,11 @@ async fn a_token_whose_lease_timed_out_is_stale(backend: Backend) {
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(body["error"]["code"], "stale_token");
     let (status, _) = s.get("/v1/resources/r/value").await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "a rejected write changes nothing");
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "a rejected write changes nothing"
+    );
     h.finish().await;
 }
 
@@ -103,7 +114,10 @@ async fn the_value_store_writes_only_with_a_live_token(backend: Backend) {
     assert_eq!(body["version"], 1);
     assert!(body["updated_at"].as_str().unwrap().ends_with('Z'));
     let (status, body) = s.write_value("report", 1, value.clone()).await;
-    assert_eq!((status, body["version"].as_i64()), (StatusCode::OK, Some(2)));
+    assert_eq!(
+        (status, body["version"].as_i64()),
+        (StatusCode::OK, Some(2))
+    );
 
     let raw = s
         .client
@@ -155,7 +169,10 @@ async fn the_value_store_writes_only_with_a_live_token(backend: Backend) {
     assert_eq!(read["version"], 4);
     assert_eq!(read["token"], 2);
     let (status, body) = s.write_value("report", 3, json!(1)).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (StatusCode::CONFLICT, Some("unknown_token")));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (StatusCode::CONFLICT, Some("unknown_token"))
+    );
     s.release(&b).await;
     h.finish().await;
 }
@@ -186,7 +203,12 @@ async fn events_filter_page_and_never_show_lease_ids(backend: Backend) {
         assert!(e["detail"].is_object());
     }
     let (_, body) = s.get("/v1/events?resource=b").await;
-    let kinds: Vec<_> = body["events"].as_array().unwrap().iter().map(|e| e["kind"].clone()).collect();
+    let kinds: Vec<_> = body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].clone())
+        .collect();
     assert_eq!(kinds, ["acquired", "write_accepted", "renewed", "released"]);
     let (_, body) = s.get("/v1/events?kind=released").await;
     assert_eq!(body["events"].as_array().unwrap().len(), 3);

@@ -53,7 +53,10 @@ pub fn check(events: &[Value]) -> (Vec<String>, Tally) {
         match kind.as_str() {
             "acquired" => {
                 if token <= r.last_issued {
-                    violations.push(format!("{here}: token not above last issued {}", r.last_issued));
+                    violations.push(format!(
+                        "{here}: token not above last issued {}",
+                        r.last_issued
+                    ));
                 }
                 if let Some(live) = r.live {
                     violations.push(format!("{here}: granted while #{live} is still live"));
@@ -61,7 +64,9 @@ pub fn check(events: &[Value]) -> (Vec<String>, Tally) {
                 if let Some(end) = &r.last_end_at {
                     // RFC 3339 with fixed millisecond precision sorts as text.
                     if at < *end {
-                        violations.push(format!("{here}: granted at {at}, before the previous lease ended at {end}"));
+                        violations.push(format!(
+                            "{here}: granted at {at}, before the previous lease ended at {end}"
+                        ));
                     }
                 }
                 r.last_issued = r.last_issued.max(token);
@@ -69,7 +74,10 @@ pub fn check(events: &[Value]) -> (Vec<String>, Tally) {
             }
             "renewed" => {
                 if r.live != Some(token) {
-                    violations.push(format!("{here}: renewal of a lease that is not live (live: {:?})", r.live));
+                    violations.push(format!(
+                        "{here}: renewal of a lease that is not live (live: {:?})",
+                        r.live
+                    ));
                 }
             }
             "released" | "expired" | "force_released" => {
@@ -77,7 +85,10 @@ pub fn check(events: &[Value]) -> (Vec<String>, Tally) {
                     violations.push(format!("{here}: lease ended twice"));
                 }
                 if r.live != Some(token) {
-                    violations.push(format!("{here}: ending a lease that is not live (live: {:?})", r.live));
+                    violations.push(format!(
+                        "{here}: ending a lease that is not live (live: {:?})",
+                        r.live
+                    ));
                 } else {
                     r.live = None;
                     r.last_end_at = Some(at);
@@ -85,15 +96,22 @@ pub fn check(events: &[Value]) -> (Vec<String>, Tally) {
             }
             "write_accepted" => {
                 if r.live != Some(token) {
-                    violations.push(format!("{here}: write accepted for a lease that is not live (live: {:?})", r.live));
+                    violations.push(format!(
+                        "{here}: write accepted for a lease that is not live (live: {:?})",
+                        r.live
+                    ));
                 }
                 if token < r.last_accepted {
-                    violations.push(format!("{here}: accepted below the accepted token {}", r.last_accepted));
+                    violations.push(format!(
+                        "{here}: accepted below the accepted token {}",
+                        r.last_accepted
+                    ));
                 }
                 r.last_accepted = r.last_accepted.max(token);
             }
             "write_rejected" => {
-                let fair = token > r.last_issued || token < r.last_accepted || r.live != Some(token);
+                let fair =
+                    token > r.last_issued || token < r.last_accepted || r.live != Some(token);
                 if !fair {
                     violations.push(format!("{here}: a live, current token was rejected"));
                 }
@@ -134,7 +152,11 @@ mod planted_violations {
 
     #[test]
     fn a_reused_token_is_caught() {
-        let h = [ev(1, "acquired", 1, 0), ev(2, "released", 1, 1), ev(3, "acquired", 1, 2)];
+        let h = [
+            ev(1, "acquired", 1, 0),
+            ev(2, "released", 1, 1),
+            ev(3, "acquired", 1, 2),
+        ];
         assert_eq!(violations(&h).len(), 1);
     }
 
@@ -142,19 +164,31 @@ mod planted_violations {
     fn an_overlap_is_caught() {
         let h = [ev(1, "acquired", 1, 0), ev(2, "acquired", 2, 1)];
         assert!(violations(&h)[0].contains("still live"));
-        let in_time = [ev(1, "acquired", 1, 0), ev(2, "expired", 1, 50), ev(3, "acquired", 2, 20)];
+        let in_time = [
+            ev(1, "acquired", 1, 0),
+            ev(2, "expired", 1, 50),
+            ev(3, "acquired", 2, 20),
+        ];
         assert!(violations(&in_time)[0].contains("before the previous lease ended"));
     }
 
     #[test]
     fn a_duplicate_expiry_is_caught() {
-        let h = [ev(1, "acquired", 1, 0), ev(2, "expired", 1, 5), ev(3, "expired", 1, 5)];
+        let h = [
+            ev(1, "acquired", 1, 0),
+            ev(2, "expired", 1, 5),
+            ev(3, "expired", 1, 5),
+        ];
         assert!(violations(&h).iter().any(|v| v.contains("ended twice")));
     }
 
     #[test]
     fn a_zombie_write_or_a_step_back_is_caught() {
-        let zombie = [ev(1, "acquired", 1, 0), ev(2, "released", 1, 1), ev(3, "write_accepted", 1, 2)];
+        let zombie = [
+            ev(1, "acquired", 1, 0),
+            ev(2, "released", 1, 1),
+            ev(3, "write_accepted", 1, 2),
+        ];
         assert_eq!(violations(&zombie).len(), 1);
         let back = [
             ev(1, "acquired", 2, 0),
@@ -163,7 +197,11 @@ mod planted_violations {
             ev(4, "acquired", 3, 3),
             ev(5, "write_accepted", 1, 4),
         ];
-        assert!(violations(&back).iter().any(|v| v.contains("below the accepted token")));
+        assert!(
+            violations(&back)
+                .iter()
+                .any(|v| v.contains("below the accepted token"))
+        );
     }
 
     #[test]
