@@ -10,5 +10,6 @@ mod bad_input;
 mod concurrency;
 mod fencing;
 mod history;
+mod lifecycle;
 mod locks;
 mod restart;
