@@ -23,6 +23,11 @@ pub enum Command {
     Serve(ServeArgs),
     /// Apply database migrations and exit.
     Migrate(DatabaseArgs),
+    /// Run the torture test: real processes, injected faults, a checked history.
+    Torture(crate::torture::TortureArgs),
+    /// One worker process of the torture test (started by `torture`).
+    #[command(hide = true)]
+    TortureWorker(crate::torture::worker::WorkerArgs),
 }
 
 #[derive(Debug, Args)]
