@@ -503,7 +503,7 @@ mod tests {
             &[write(3, "p3")],
             &events,
             &[lease(1, "active")],
-            &[stored.clone()],
+            std::slice::from_ref(&stored),
             &mut report,
         );
         assert_eq!(report.violations, Vec::<String>::new());
