@@ -150,3 +150,29 @@ async fn sigterm_shuts_down_gracefully() {
         "no longer accepting"
     );
 }
+
+/// Every response, API or error, carries the security headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_carry_security_headers() {
+    let h = Harness::start(&Backend::Sqlite).await;
+    for path in ["/healthz", "/v1/resources/none", "/no/such/route"] {
+        let res = h
+            .server
+            .client
+            .get(h.server.url(path))
+            .send()
+            .await
+            .unwrap();
+        let headers = res.headers();
+        assert_eq!(headers["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(headers["x-frame-options"], "DENY");
+        assert_eq!(headers["referrer-policy"], "no-referrer");
+        let csp = headers["content-security-policy"].to_str().unwrap();
+        assert!(
+            csp.contains("script-src 'self'") && !csp.contains("script-src 'self' 'unsafe-inline'"),
+            "{csp}"
+        );
+        assert!(csp.contains("frame-ancestors 'none'"));
+    }
+    h.finish().await;
+}
