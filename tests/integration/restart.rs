@@ -165,8 +165,6 @@ async fn tokens_and_writes_survive_kill_9(backend: Backend) {
     db.drop_db().await;
 }
 
-crate::on_both_backends!(tokens_and_writes_survive_kill_9);
-
 /// Both backends must have the same migration versions, so one schema
 /// version means one thing.
 #[test]
@@ -186,3 +184,48 @@ fn migration_versions_match_across_backends() {
     assert!(!sqlite.is_empty());
     assert_eq!(sqlite, versions("postgres"));
 }
+
+async fn migrate_subcommand_creates_the_schema(backend: Backend) {
+    let db = TestDb::create(&backend).await;
+    for _ in 0..2 {
+        // Twice: migrating an up-to-date database is a no-op.
+        let status = Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args(["migrate", "--database-url", &db.url])
+            .env("RUST_LOG", "warn")
+            .status()
+            .expect("run palisade migrate");
+        assert!(status.success());
+    }
+    let tables: Vec<String> = match &backend {
+        Backend::Sqlite => {
+            let pool = sqlx::SqlitePool::connect(&db.url).await.unwrap();
+            sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+                .fetch_all(&pool)
+                .await
+                .unwrap()
+        }
+        Backend::Postgres(_) => {
+            let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+            let t = sqlx::query_scalar(
+                "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            pool.close().await;
+            t
+        }
+    };
+    for table in ["events", "fenced_values", "leases", "resources"] {
+        assert!(
+            tables.iter().any(|t| t == table),
+            "{table} missing from {tables:?}"
+        );
+    }
+    db.drop_db().await;
+}
+
+crate::on_both_backends!(
+    tokens_and_writes_survive_kill_9,
+    migrate_subcommand_creates_the_schema
+);
