@@ -6,6 +6,7 @@ pub mod auth;
 pub mod error;
 pub mod extract;
 mod health;
+pub mod limits;
 
 use std::time::Instant;
 
@@ -28,6 +29,8 @@ pub const MAX_BODY_BYTES: usize = MAX_VALUE_BYTES + 64 * 1024;
 pub struct AppState {
     pub service: LockService,
     pub admin_token: AdminToken,
+    /// Per-client rate limit; `None` when disabled.
+    pub rate_limiter: Option<std::sync::Arc<limits::RateLimiter>>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -38,7 +41,9 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         // Layers wrap what is above them, so the last one added runs first:
         // the body limit is enforced by the extractors, a panic becomes a
-        // JSON 500, and the access log sees the final status of everything.
+        // JSON 500, the rate limit answers before any work is done, every
+        // response gets the security headers, and the access log sees the
+        // final status of everything.
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(
@@ -48,6 +53,10 @@ pub fn router(state: AppState) -> Router {
             )
             .into_response()
         }))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            limits::rate_limit,
+        ))
         .layer(middleware::from_fn(security_headers))
         .layer(middleware::from_fn_with_state(state.clone(), log_request))
         .with_state(state)

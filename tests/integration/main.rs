@@ -11,5 +11,6 @@ mod concurrency;
 mod fencing;
 mod history;
 mod lifecycle;
+mod limits;
 mod locks;
 mod restart;
