@@ -10,7 +10,10 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use std::sync::Arc;
+
 use crate::http::auth::AdminToken;
+use crate::http::limits::RateLimiter;
 use crate::http::{self, AppState};
 use crate::service::{self, Limits, LockService};
 use crate::store::Store;
@@ -22,6 +25,11 @@ pub struct Config {
     pub admin_token: Option<String>,
     pub max_ttl: Duration,
     pub sweep_interval: Duration,
+    /// Requests per second per client IP (0: no limit), and the burst.
+    pub rate_limit_per_sec: u32,
+    pub rate_limit_burst: u32,
+    /// Acquires that may wait at once in this instance.
+    pub max_waiters: usize,
 }
 
 impl Config {
@@ -33,6 +41,9 @@ impl Config {
             admin_token: Some("test-admin-token".into()),
             max_ttl: crate::domain::Ttl::DEFAULT_MAX,
             sweep_interval: Duration::from_millis(100),
+            rate_limit_per_sec: 0,
+            rate_limit_burst: 0,
+            max_waiters: 10_000,
         }
     }
 }
@@ -71,6 +82,7 @@ impl App {
         let stop = CancellationToken::new();
         let limits = Limits {
             max_ttl: config.max_ttl,
+            max_waiters: config.max_waiters,
         };
         let service = LockService::new(store.clone(), limits, stop.clone());
         Ok(Self {
@@ -78,6 +90,8 @@ impl App {
             state: AppState {
                 service,
                 admin_token,
+                rate_limiter: RateLimiter::new(config.rate_limit_per_sec, config.rate_limit_burst)
+                    .map(Arc::new),
             },
             store,
             sweep_interval: config.sweep_interval,
@@ -120,7 +134,8 @@ impl App {
 
         tracing::info!(addr = %listener.local_addr()?, backend = store.backend_name(), "palisade listening");
         let stop_on_signal = stop.clone();
-        let result = axum::serve(listener, http::router(state))
+        let app = http::router(state).into_make_service_with_connect_info::<SocketAddr>();
+        let result = axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 shutdown.await;
                 tracing::info!("shutting down: finishing in-flight requests");

@@ -26,6 +26,11 @@ pub enum Command {
     Serve(ServeArgs),
     /// Apply database migrations and exit.
     Migrate(DatabaseArgs),
+    /// Run the torture test: real processes, injected faults, a checked history.
+    Torture(crate::torture::TortureArgs),
+    /// One worker process of the torture test (started by `torture`).
+    #[command(hide = true)]
+    TortureWorker(crate::torture::worker::WorkerArgs),
     #[cfg(feature = "client")]
     #[command(flatten)]
     Client(crate::commands::ClientCommand),
@@ -58,6 +63,16 @@ pub struct ServeArgs {
     /// How often the expiry sweeper looks for leases past their deadline.
     #[arg(long, env = "PALISADE_SWEEP_INTERVAL_MS", default_value_t = 250, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub sweep_interval_ms: u64,
+    /// Requests per second allowed per client IP address; 0 turns the limit off.
+    #[arg(long, env = "PALISADE_RATE_LIMIT_PER_SEC", default_value_t = 0)]
+    pub rate_limit_per_sec: u32,
+    /// Requests a client may send at once before the per-second rate applies.
+    #[arg(long, env = "PALISADE_RATE_LIMIT_BURST", default_value_t = 0)]
+    pub rate_limit_burst: u32,
+    /// Acquires that may wait for a held resource at once in this instance;
+    /// beyond that, waiting acquires get 503 `overloaded`.
+    #[arg(long, env = "PALISADE_MAX_WAITERS", default_value_t = 10_000)]
+    pub max_waiters: usize,
 }
 
 impl ServeArgs {
@@ -68,6 +83,9 @@ impl ServeArgs {
             admin_token: self.admin_token,
             max_ttl: Duration::from_millis(self.max_ttl_ms),
             sweep_interval: Duration::from_millis(self.sweep_interval_ms),
+            rate_limit_per_sec: self.rate_limit_per_sec,
+            rate_limit_burst: self.rate_limit_burst,
+            max_waiters: self.max_waiters,
         }
     }
 }

@@ -25,6 +25,16 @@ async fn main() -> anyhow::Result<()> {
             store.close().await;
             Ok(())
         }
+        Command::Torture(args) => {
+            if palisade::torture::run(args).await? {
+                println!("torture: PASSED");
+                Ok(())
+            } else {
+                println!("torture: FAILED");
+                std::process::exit(1)
+            }
+        }
+        Command::TortureWorker(args) => palisade::torture::worker::run(args).await,
         #[cfg(feature = "client")]
         Command::Client(command) => std::process::exit(palisade::commands::execute(command).await),
     }

@@ -61,8 +61,9 @@ pub enum Error {
     #[error("unauthorized: {message}")]
     Unauthorized { message: String },
 
-    /// `unavailable`, `shutting_down` and `conflict`: the server could not do
-    /// it now; the same request may succeed shortly.
+    /// `unavailable`, `shutting_down`, `overloaded`, `rate_limited` and
+    /// `conflict`: the server could not do it now; the same request may
+    /// succeed shortly.
     #[error("{code}: {message}")]
     Unavailable { code: ErrorCode, message: String },
 
@@ -177,9 +178,11 @@ impl Error {
             | ErrorCode::ValueTooLarge
             | ErrorCode::MethodNotAllowed => Error::InvalidInput { code, message },
             ErrorCode::Unauthorized => Error::Unauthorized { message },
-            ErrorCode::Unavailable | ErrorCode::ShuttingDown | ErrorCode::Conflict => {
-                Error::Unavailable { code, message }
-            }
+            ErrorCode::Unavailable
+            | ErrorCode::ShuttingDown
+            | ErrorCode::Conflict
+            | ErrorCode::RateLimited
+            | ErrorCode::Overloaded => Error::Unavailable { code, message },
             ErrorCode::Internal => unexpected(status, code, message),
         }
     }

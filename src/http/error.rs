@@ -79,6 +79,8 @@ error_codes! {
     StaleToken = "stale_token", CONFLICT, "The token's lease has ended or a newer token was accepted; the write was refused.";
     LeaseNotActive = "lease_not_active", GONE, "The lease has expired or was force-released (or released, for renew); `lease` shows its state.";
     Conflict = "conflict", CONFLICT, "A concurrent update won; retry the request.";
+    RateLimited = "rate_limited", TOO_MANY_REQUESTS, "Too many requests from this client; retry after the Retry-After seconds.";
+    Overloaded = "overloaded", SERVICE_UNAVAILABLE, "Too many acquires are already waiting on this instance; retry shortly.";
     Unavailable = "unavailable", SERVICE_UNAVAILABLE, "The database is unavailable; retry shortly.";
     ShuttingDown = "shutting_down", SERVICE_UNAVAILABLE, "The server is shutting down; retry on another instance.";
     Internal = "internal", INTERNAL_SERVER_ERROR, "An unexpected server error; the details are in the server log.";
@@ -189,6 +191,10 @@ impl From<ServiceError> for ApiError {
             ServiceError::ShuttingDown => Self::new(
                 ErrorCode::ShuttingDown,
                 "the server is shutting down; retry on another instance",
+            ),
+            ServiceError::Overloaded => Self::new(
+                ErrorCode::Overloaded,
+                "too many acquires are already waiting on this instance; retry shortly",
             ),
         }
     }

@@ -25,6 +25,7 @@ pub const GENERIC_CODES: &[ErrorCode] = &[
     ErrorCode::NotFound,
     ErrorCode::MethodNotAllowed,
     ErrorCode::Conflict,
+    ErrorCode::RateLimited,
     ErrorCode::Unavailable,
     ErrorCode::ShuttingDown,
     ErrorCode::Internal,

@@ -41,6 +41,7 @@ pub struct AcquireBody {
         (status = 200, description = "Granted (or the same lease again, for a retried request_id); the token is greater than every token issued for this resource before", body = LeaseView),
         (status = 400, description = "`invalid_resource`, `invalid_holder`, `invalid_ttl`, `invalid_wait`, `invalid_request_id`, `invalid_json`, `invalid_field`", body = ErrorBody),
         (status = 409, description = "`lock_held`: still held after waiting `wait_ms`; `holder` has the holder, token and expires_at", body = ErrorBody),
+        (status = 503, description = "`overloaded`: too many acquires already wait on this instance (only when `wait_ms` > 0); retry", body = ErrorBody),
     )
 )]
 pub async fn acquire(
