@@ -232,7 +232,9 @@ impl Renewer {
 async fn renew_until_stopped(mut r: Renewer) {
     let every = r.ttl.mul_f64(r.client.renew_fraction());
     let retry_after = (every / 4).max(Duration::from_millis(50));
-    let mut next = r.deadline - r.ttl + every;
+    // The task starts right after the grant: the first renewal is due one
+    // interval from now.
+    let mut next = Instant::now() + every;
     let mut last_error = String::from("none");
     loop {
         tokio::select! {

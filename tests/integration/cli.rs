@@ -420,6 +420,42 @@ async fn run_terminates_the_command_when_the_lease_is_lost(backend: Backend) {
     h.finish().await;
 }
 
+async fn run_passes_sigterm_on_and_still_releases(backend: Backend) {
+    let h = Harness::start(&backend).await;
+    let child = command(
+        &h,
+        &[
+            "run",
+            "--resource",
+            "stopped",
+            "--ttl",
+            "30s",
+            "--",
+            "sleep",
+            "30",
+        ],
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    held_token(&h, "stopped").await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("run ended")
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + 15),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let info = client(&h).resource("stopped").await.unwrap().unwrap();
+    assert!(info.holder.is_none(), "released, not left to expire");
+    h.finish().await;
+}
+
 async fn run_kills_a_command_that_ignores_sigterm_after_the_grace(backend: Backend) {
     let h = Harness::start(&backend).await;
     let child = command(
@@ -562,6 +598,7 @@ crate::on_both_backends!(
     run_exports_the_token_and_propagates_the_exit_status,
     run_on_a_held_lock_exits_3_without_running,
     run_terminates_the_command_when_the_lease_is_lost,
+    run_passes_sigterm_on_and_still_releases,
     run_kills_a_command_that_ignores_sigterm_after_the_grace,
     run_with_on_lost_warn_lets_the_command_finish,
     events_follow_prints_new_events_as_json_lines,

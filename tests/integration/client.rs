@@ -230,6 +230,31 @@ async fn a_force_release_is_reported_as_lost(backend: Backend) {
     h.finish().await;
 }
 
+async fn an_unreachable_server_means_lost_by_the_deadline(backend: Backend) {
+    let Harness { server, db } = Harness::start(&backend).await;
+    let c = Client::builder(&server.base)
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let lease = c.acquire("orphan", opts("w", 800)).await.unwrap();
+    server.stop().await;
+    let started = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(3), lease.lost())
+        .await
+        .expect("lost by the lease's deadline, not later");
+    assert!(
+        matches!(reason, LostReason::Unreachable { .. }),
+        "{reason:?}"
+    );
+    assert!(
+        started.elapsed() <= Duration::from_millis(1200),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(lease);
+    db.drop_db().await;
+}
+
 async fn stale_and_unknown_tokens_are_typed(backend: Backend) {
     let h = Harness::start(&backend).await;
     let c = client(&h);
@@ -416,6 +441,7 @@ crate::on_both_backends!(
     a_held_lock_is_a_typed_error_with_the_holder,
     auto_renewal_keeps_a_short_lease_alive,
     a_force_release_is_reported_as_lost,
+    an_unreachable_server_means_lost_by_the_deadline,
     stale_and_unknown_tokens_are_typed,
     bad_input_and_unknown_ids_are_typed,
     dropping_the_guard_releases_the_lease,
