@@ -7,7 +7,9 @@
 mod support;
 
 mod bad_input;
+#[cfg(feature = "client")]
 mod cli;
+#[cfg(feature = "client")]
 mod client;
 mod concurrency;
 mod fencing;
@@ -16,5 +18,6 @@ mod lifecycle;
 mod limits;
 mod locks;
 mod openapi;
+#[cfg(feature = "client")]
 mod recipes;
 mod restart;
