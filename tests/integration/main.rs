@@ -13,4 +13,5 @@ mod history;
 mod lifecycle;
 mod limits;
 mod locks;
+mod metrics;
 mod restart;
