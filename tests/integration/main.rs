@@ -15,3 +15,4 @@ mod limits;
 mod locks;
 mod metrics;
 mod restart;
+mod retention;
