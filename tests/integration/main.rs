@@ -14,5 +14,6 @@ mod lifecycle;
 mod limits;
 mod locks;
 mod metrics;
+mod prometheus_e2e;
 mod restart;
 mod retention;
