@@ -8,6 +8,7 @@ mod support;
 
 mod bad_input;
 mod concurrency;
+mod deploy_files;
 mod fencing;
 mod history;
 mod lifecycle;
