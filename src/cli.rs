@@ -119,3 +119,49 @@ impl ServeArgs {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve(args: &[&str]) -> Config {
+        let cli = Cli::try_parse_from(["palisade", "serve"].iter().chain(args)).unwrap();
+        match cli.command {
+            Command::Serve(args) => args.into_config(),
+            other => panic!("parsed {other:?}"),
+        }
+    }
+
+    #[test]
+    fn metrics_and_retention_defaults() {
+        let config = serve(&[]);
+        assert_eq!(config.metrics.resource_groups, None);
+        assert_eq!(config.metrics_refresh, Duration::from_secs(2));
+        let retention = config.event_retention.unwrap();
+        assert_eq!(retention.max_age, Duration::from_secs(30 * 86_400));
+    }
+
+    #[test]
+    fn resource_groups_and_retention_flags() {
+        let config = serve(&[
+            "--metrics-resource-groups",
+            "--metrics-resource-group-separator",
+            "::",
+            "--metrics-max-resource-groups",
+            "7",
+            "--event-retention-days",
+            "0",
+        ]);
+        assert_eq!(
+            config.metrics.resource_groups,
+            Some(ResourceGroupConfig {
+                separator: "::".into(),
+                max_groups: 7,
+            })
+        );
+        assert_eq!(config.event_retention, None, "0 keeps events forever");
+        let zero_groups =
+            Cli::try_parse_from(["palisade", "serve", "--metrics-max-resource-groups", "0"]);
+        assert!(zero_groups.is_err(), "at least one group");
+    }
+}
