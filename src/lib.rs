@@ -8,6 +8,8 @@ pub mod client;
 pub mod commands;
 pub mod domain;
 pub mod http;
+pub mod metrics;
+pub mod retention;
 pub mod service;
 pub mod store;
 pub mod torture;

@@ -7,6 +7,7 @@ pub mod error;
 pub mod extract;
 mod health;
 pub mod limits;
+mod metrics;
 pub mod openapi;
 
 use std::time::Instant;
@@ -36,15 +37,15 @@ pub struct AppState {
 
 pub fn router(state: AppState) -> Router {
     Router::new()
-        // The API, the health checks and the OpenAPI document.
+        // The API, the health checks, the metrics and the OpenAPI document.
         .merge(openapi::documented_routes().split_for_parts().0)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Layers wrap what is above them, so the last one added runs first:
         // the body limit is enforced by the extractors, a panic becomes a
         // JSON 500, the rate limit answers before any work is done, every
-        // response gets the security headers, and the access log sees the
-        // final status of everything.
+        // response gets the security headers, and the access log and the
+        // request metrics see the final status of everything.
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(
@@ -59,6 +60,10 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(middleware::from_fn(security_headers))
         .layer(middleware::from_fn_with_state(state.clone(), log_request))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track_request,
+        ))
         .with_state(state)
 }
 

@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 
 pub use super::error::ErrorBody;
 use super::error::{ErrorCode, ErrorDetail};
-use super::{AppState, api, health};
+use super::{AppState, api, health, metrics};
 
 /// Codes any operation can answer besides its own: a body the server will
 /// not read, a route or method that does not exist, and server trouble.
@@ -104,11 +104,13 @@ async fn openapi_json() -> Json<Document> {
     Json(document())
 }
 
-/// Every documented route: the API, the health checks and this document.
+/// Every documented route: the API, the health checks, the metrics and
+/// this document.
 pub fn documented_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(api::documented_routes())
         .merge(health::documented_routes())
+        .merge(metrics::documented_routes())
         .routes(routes!(openapi_json))
 }
 

@@ -12,12 +12,16 @@ mod cli;
 #[cfg(feature = "client")]
 mod client;
 mod concurrency;
+mod deploy_files;
 mod fencing;
 mod history;
 mod lifecycle;
 mod limits;
 mod locks;
+mod metrics;
 mod openapi;
+mod prometheus_e2e;
 #[cfg(feature = "client")]
 mod recipes;
 mod restart;
+mod retention;

@@ -23,6 +23,7 @@ const CONTRACT: &[(&str, &str)] = &[
     ("get", "/healthz"),
     ("get", "/readyz"),
     ("get", "/v1/openapi.json"),
+    ("get", "/metrics"),
 ];
 
 const METHODS: &[&str] = &["get", "put", "post", "delete", "patch"];
