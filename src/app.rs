@@ -11,6 +11,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::http::auth::AdminToken;
+use crate::http::ui::UiAccess;
 use crate::http::{self, AppState};
 use crate::service::{self, Limits, LockService};
 use crate::store::Store;
@@ -22,6 +23,10 @@ pub struct Config {
     pub admin_token: Option<String>,
     pub max_ttl: Duration,
     pub sweep_interval: Duration,
+    /// `PALISADE_UI_TOKEN`: protects reading the web UI.
+    pub ui_token: Option<String>,
+    /// Run simulated workers against this server (`serve --demo`).
+    pub demo: bool,
 }
 
 impl Config {
@@ -33,6 +38,8 @@ impl Config {
             admin_token: Some("test-admin-token".into()),
             max_ttl: crate::domain::Ttl::DEFAULT_MAX,
             sweep_interval: Duration::from_millis(100),
+            ui_token: None,
+            demo: false,
         }
     }
 }
@@ -43,6 +50,7 @@ pub struct App {
     store: Store,
     sweep_interval: Duration,
     stop: CancellationToken,
+    demo: bool,
 }
 
 impl App {
@@ -68,6 +76,7 @@ impl App {
                 token
             }
         };
+        let ui_access = UiAccess::for_listener(listener.local_addr().ok(), config.ui_token);
         let stop = CancellationToken::new();
         let limits = Limits {
             max_ttl: config.max_ttl,
@@ -78,10 +87,12 @@ impl App {
             state: AppState {
                 service,
                 admin_token,
+                ui_access,
             },
             store,
             sweep_interval: config.sweep_interval,
             stop,
+            demo: config.demo,
         })
     }
 
@@ -106,6 +117,7 @@ impl App {
             store,
             sweep_interval,
             stop,
+            demo,
         } = self;
         let mut tasks = JoinSet::new();
         tasks.spawn(service::run_expiry_sweeper(
@@ -117,6 +129,9 @@ impl App {
             state.service.clone(),
             stop.clone(),
         ));
+        if demo {
+            tasks.spawn(crate::demo::run(state.service.clone(), stop.clone()));
+        }
 
         tracing::info!(addr = %listener.local_addr()?, backend = store.backend_name(), "palisade listening");
         let stop_on_signal = stop.clone();

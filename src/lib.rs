@@ -2,6 +2,7 @@
 
 pub mod app;
 pub mod cli;
+pub mod demo;
 pub mod domain;
 pub mod http;
 pub mod service;

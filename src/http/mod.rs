@@ -1,4 +1,5 @@
-//! HTTP: one router for the JSON API (`api`) and the health checks, with
+//! HTTP: one router for the JSON API (`api`), the web UI (`ui`) and the
+//! health checks, with
 //! the middleware applied in one place.
 
 pub mod api;
@@ -6,6 +7,7 @@ pub mod auth;
 pub mod error;
 pub mod extract;
 mod health;
+pub mod ui;
 
 use std::time::Instant;
 
@@ -28,12 +30,15 @@ pub const MAX_BODY_BYTES: usize = MAX_VALUE_BYTES + 64 * 1024;
 pub struct AppState {
     pub service: LockService,
     pub admin_token: AdminToken,
+    /// Who may read the web UI.
+    pub ui_access: ui::UiAccess,
 }
 
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(api::routes())
         .merge(health::routes())
+        .merge(ui::routes(state.clone()))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Layers wrap what is above them, so the last one added runs first:
