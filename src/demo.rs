@@ -132,7 +132,9 @@ async fn one_round(
         request_id: None,
         lease_id: lease_id.clone(),
     };
-    let acquired = service.acquire(request, WaitTime::from_millis(2_000)?).await?;
+    let acquired = service
+        .acquire(request, WaitTime::from_millis(2_000)?)
+        .await?;
     let lease = match acquired.outcome {
         AcquireOutcome::Granted { lease, .. } | AcquireOutcome::Existing(lease) => lease,
         AcquireOutcome::Held { .. } => return Ok(()),
@@ -154,9 +156,8 @@ async fn one_round(
             if !pause(stop, ttl_ms as u64 + 1_500).await {
                 return Ok(());
             }
-            if let FenceOutcome::Rejected(_) = service
-                .write_value(resource, lease.token, write(i))
-                .await?
+            if let FenceOutcome::Rejected(_) =
+                service.write_value(resource, lease.token, write(i)).await?
             {
                 tracing::debug!(resource = %resource.as_str(), "demo: stale write rejected");
             }

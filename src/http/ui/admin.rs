@@ -57,7 +57,9 @@ pub async fn force_release(
         }
         ForceReleaseOutcome::NotHeld => "not_held",
         ForceReleaseOutcome::ResourceNotFound => {
-            return Err(UiError::not_found("no resource by that name has ever been used"));
+            return Err(UiError::not_found(
+                "no resource by that name has ever been used",
+            ));
         }
     };
     Ok(Redirect::to(&format!("{href}?notice={notice}")).into_response())

@@ -120,7 +120,11 @@ pub async fn page(
             .collect(),
         stale_only: kind_text == "stale",
         older_href: (events.len() as i64 == PAGE_SIZE)
-            .then(|| events.last().map(|e| format!("/ui/events?{filters}&before={}", e.id)))
+            .then(|| {
+                events
+                    .last()
+                    .map(|e| format!("/ui/events?{filters}&before={}", e.id))
+            })
             .flatten(),
         newest_href: before.map(|_| format!("/ui/events?{filters}")),
         live_href: before

@@ -8,7 +8,9 @@ use axum::extract::{Path, State};
 use axum::response::Response;
 use chrono::Duration;
 
-use super::format::{EventRowView, clock, duration_ms, fenced_by, instant, lease_href, resource_href};
+use super::format::{
+    EventRowView, clock, duration_ms, fenced_by, instant, lease_href, resource_href,
+};
 use super::timeline::{Timeline, TimelineInput, build};
 use super::{UiError, Viewer, render, resource_name};
 use crate::domain::{EventKind, LeaseState};
@@ -95,8 +97,16 @@ pub async fn page(
         .iter()
         .filter(|e| e.kind == EventKind::Renewed)
         .map(|e| {
-            let margin = e.detail.get("margin_ms").and_then(|v| v.as_i64()).unwrap_or(0);
-            let ttl = e.detail.get("ttl_ms").and_then(|v| v.as_i64()).unwrap_or(lease.ttl_ms);
+            let margin = e
+                .detail
+                .get("margin_ms")
+                .and_then(|v| v.as_i64())
+                .unwrap_or(0);
+            let ttl = e
+                .detail
+                .get("ttl_ms")
+                .and_then(|v| v.as_i64())
+                .unwrap_or(lease.ttl_ms);
             RenewalView {
                 at: clock(e.at, now),
                 margin: duration_ms(margin),
@@ -115,7 +125,8 @@ pub async fn page(
         .map(|(t, h)| (t, h, lease_href(name.as_str(), t)));
     let end_or_now = ended_at.unwrap_or(now).max(lease.expires_at.min(now));
     let last_seen = events.last().map_or(end_or_now, |e| e.at.max(end_or_now));
-    let pad = Duration::milliseconds(((last_seen - lease.acquired_at).num_milliseconds() / 8).max(1_000));
+    let pad =
+        Duration::milliseconds(((last_seen - lease.acquired_at).num_milliseconds() / 8).max(1_000));
     let (from, to) = (lease.acquired_at - pad, last_seen + pad);
     let around = state.service.leases_in_window(&name, from, to, 50).await?;
     let marks: Vec<_> = events

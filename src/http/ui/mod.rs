@@ -35,16 +35,16 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/ui", get(overview::page))
         .route("/ui/resources", get(resources::page))
         .route("/ui/resources/{name}", get(timeline::page))
-        .route(
-            "/ui/resources/{name}/leases/{token}",
-            get(lease::page),
-        )
+        .route("/ui/resources/{name}/leases/{token}", get(lease::page))
         .route(
             "/ui/resources/{name}/force-release",
             post(admin::force_release),
         )
         .route("/ui/events", get(events::page))
-        .route("/ui/sign-in", get(session::sign_in_form).post(session::sign_in))
+        .route(
+            "/ui/sign-in",
+            get(session::sign_in_form).post(session::sign_in),
+        )
         .route("/ui/sign-out", post(session::sign_out))
         .route("/static/{file}", get(assets::serve))
         .route_layer(middleware::from_fn_with_state(state, session::ui_gate))

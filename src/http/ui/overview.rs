@@ -69,7 +69,11 @@ fn chart(kind: EventKind, per_minute: &[i64]) -> Chart {
             let h = if peak == 0 {
                 0.0
             } else {
-                ((count as f64 / peak as f64) * (CHART_H - 2.0)).max(if count > 0 { 2.0 } else { 0.0 })
+                ((count as f64 / peak as f64) * (CHART_H - 2.0)).max(if count > 0 {
+                    2.0
+                } else {
+                    0.0
+                })
             };
             let minutes_ago = OVERVIEW_MINUTES - i as i64;
             Column {

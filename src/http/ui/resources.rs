@@ -73,7 +73,11 @@ pub async fn page(
         "" | "activity" => (ResourceOrder::Activity, "activity"),
         "oldest" => (ResourceOrder::ActivityAsc, "oldest"),
         "name" => (ResourceOrder::Name, "name"),
-        _ => return Err(UiError::bad_request("sort must be activity, oldest or name")),
+        _ => {
+            return Err(UiError::bad_request(
+                "sort must be activity, oldest or name",
+            ));
+        }
     };
     let page: i64 = match q.page.as_deref().filter(|p| !p.is_empty()) {
         None => 1,
@@ -85,7 +89,9 @@ pub async fn page(
     };
     let prefix = q.prefix.unwrap_or_default();
     if prefix.len() > 255 {
-        return Err(UiError::bad_request("the name prefix is longer than a name"));
+        return Err(UiError::bad_request(
+            "the name prefix is longer than a name",
+        ));
     }
     let result = state
         .service
@@ -109,7 +115,11 @@ pub async fn page(
             ResourceRowView {
                 href: resource_href(&r.name),
                 held: r.holder.is_some(),
-                holder: r.holder.as_ref().map(|h| h.holder.clone()).unwrap_or_default(),
+                holder: r
+                    .holder
+                    .as_ref()
+                    .map(|h| h.holder.clone())
+                    .unwrap_or_default(),
                 token: r.holder.as_ref().map(|h| h.token),
                 lease_href: r
                     .holder
@@ -120,9 +130,10 @@ pub async fn page(
                 } else {
                     String::new()
                 },
-                left_pct: r.holder.as_ref().map_or(0, |h| {
-                    (left_ms * 100 / h.ttl_ms.max(1)).clamp(0, 100)
-                }),
+                left_pct: r
+                    .holder
+                    .as_ref()
+                    .map_or(0, |h| (left_ms * 100 / h.ttl_ms.max(1)).clamp(0, 100)),
                 last_activity: ago(r.last_activity_at, now),
                 last_activity_full: instant(r.last_activity_at),
                 last_token: r.last_token,
@@ -132,8 +143,15 @@ pub async fn page(
         })
         .collect();
     let pages = ((result.total + PAGE_SIZE - 1) / PAGE_SIZE).max(1);
-    let base_query = format!("prefix={}&state={state_name}&sort={sort_name}", enc(&prefix));
-    let first_row = if rows.is_empty() { 0 } else { (page - 1) * PAGE_SIZE + 1 };
+    let base_query = format!(
+        "prefix={}&state={state_name}&sort={sort_name}",
+        enc(&prefix)
+    );
+    let first_row = if rows.is_empty() {
+        0
+    } else {
+        (page - 1) * PAGE_SIZE + 1
+    };
     let page_view = ResourcesPage {
         viewer,
         self_url: format!("/ui/resources?{base_query}&page={page}"),

@@ -84,8 +84,7 @@ fn sign(key: &AdminToken, message: &str) -> String {
 
 fn constant_time_eq(a: &str, b: &str) -> bool {
     a.len() == b.len()
-        && a
-            .bytes()
+        && a.bytes()
             .zip(b.bytes())
             .fold(0u8, |acc, (x, y)| acc | (x ^ y))
             == 0
@@ -147,7 +146,8 @@ fn session_role(value: &str, state: &AppState, now: i64) -> Option<Role> {
 fn set_cookie(name: &str, value: &str, max_age: i64) -> HeaderValue {
     // Secure: browsers still store it for http://localhost and 127.0.0.1,
     // which count as secure origins; anywhere else the UI belongs behind TLS.
-    let text = format!("{name}={value}; Path=/; Max-Age={max_age}; HttpOnly; Secure; SameSite=Strict");
+    let text =
+        format!("{name}={value}; Path=/; Max-Age={max_age}; HttpOnly; Secure; SameSite=Strict");
     HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
@@ -186,7 +186,10 @@ pub async fn ui_gate(State(state): State<AppState>, mut req: Request, next: Next
         .filter(|v| v.len() == 36 && v.bytes().all(|b| b.is_ascii_hexdigit()))
         .map(str::to_owned);
     let new_csrf = existing_csrf.is_none().then(random_hex);
-    let csrf_cookie = existing_csrf.clone().or(new_csrf.clone()).unwrap_or_default();
+    let csrf_cookie = existing_csrf
+        .clone()
+        .or(new_csrf.clone())
+        .unwrap_or_default();
     let viewer = Viewer {
         admin: role == Some(Role::Admin),
         reader: role.is_some(),
@@ -197,7 +200,8 @@ pub async fn ui_gate(State(state): State<AppState>, mut req: Request, next: Next
     let public = path == "/ui/sign-in" || path.starts_with("/static/");
     if req.method() != Method::GET && req.method() != Method::HEAD {
         if cross_origin(req.headers()) {
-            return UiError::new(StatusCode::FORBIDDEN, "cross-origin form refused").into_response();
+            return UiError::new(StatusCode::FORBIDDEN, "cross-origin form refused")
+                .into_response();
         }
         // The CSRF token itself is checked by the handler, which reads the
         // form; a browser without the cookie cannot have a valid token.
@@ -222,18 +226,20 @@ pub async fn ui_gate(State(state): State<AppState>, mut req: Request, next: Next
                 .into_response()
         };
         if let Some(fresh) = &new_csrf {
-            response
-                .headers_mut()
-                .append(header::SET_COOKIE, set_cookie(CSRF_COOKIE, fresh, 86_400 * 30));
+            response.headers_mut().append(
+                header::SET_COOKIE,
+                set_cookie(CSRF_COOKIE, fresh, 86_400 * 30),
+            );
         }
         return response;
     }
     req.extensions_mut().insert(viewer);
     let mut response = next.run(req).await;
     if let Some(fresh) = &new_csrf {
-        response
-            .headers_mut()
-            .append(header::SET_COOKIE, set_cookie(CSRF_COOKIE, fresh, 86_400 * 30));
+        response.headers_mut().append(
+            header::SET_COOKIE,
+            set_cookie(CSRF_COOKIE, fresh, 86_400 * 30),
+        );
     }
     response
 }
@@ -374,7 +380,10 @@ mod tests {
 
     #[test]
     fn next_stays_on_this_site() {
-        assert_eq!(safe_next(Some("/ui/events?kind=expired")), "/ui/events?kind=expired");
+        assert_eq!(
+            safe_next(Some("/ui/events?kind=expired")),
+            "/ui/events?kind=expired"
+        );
         assert_eq!(safe_next(Some("//evil.example")), "/");
         assert_eq!(safe_next(Some("https://evil.example")), "/");
         assert_eq!(safe_next(None), "/");
@@ -385,9 +394,15 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:7070"));
         assert!(!cross_origin(&h));
-        h.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:7070"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:7070"),
+        );
         assert!(!cross_origin(&h));
-        h.insert(header::ORIGIN, HeaderValue::from_static("http://evil.example"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://evil.example"),
+        );
         assert!(cross_origin(&h));
     }
 }

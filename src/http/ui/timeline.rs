@@ -227,7 +227,9 @@ pub fn build(input: &TimelineInput<'_>) -> Timeline {
         const BUCKETS: usize = 240;
         let mut buckets: Vec<[i64; 4]> = vec![[0; 4]; BUCKETS];
         for lease in input.leases {
-            let start = (lease.acquired_at - input.from).num_milliseconds().clamp(0, span_ms - 1);
+            let start = (lease.acquired_at - input.from)
+                .num_milliseconds()
+                .clamp(0, span_ms - 1);
             let i = (start as usize * BUCKETS) / span_ms as usize;
             let slot = match lease.state_at(input.now) {
                 LeaseState::Active => 0,
@@ -352,7 +354,10 @@ pub fn build(input: &TimelineInput<'_>) -> Timeline {
             "{} at {}{}{}",
             super::format::kind_label(event.kind),
             clock(event.at, input.now),
-            event.token.map(|t| format!(" · token {t}")).unwrap_or_default(),
+            event
+                .token
+                .map(|t| format!(" · token {t}"))
+                .unwrap_or_default(),
             {
                 let s = summary(event);
                 if s.is_empty() { s } else { format!("\n{s}") }
@@ -507,11 +512,10 @@ fn parse_window(q: &TimelineQuery, now: DateTime<Utc>) -> Result<Window, UiError
                 .as_deref()
                 .and_then(parse_instant)
                 .ok_or_else(|| UiError::bad_request("from must be a date and time (UTC)"))?;
-            let to = q
-                .to
-                .as_deref()
-                .and_then(parse_instant)
-                .ok_or_else(|| UiError::bad_request("to must be a date and time (UTC)"))?;
+            let to =
+                q.to.as_deref()
+                    .and_then(parse_instant)
+                    .ok_or_else(|| UiError::bad_request("to must be a date and time (UTC)"))?;
             if to <= from {
                 return Err(UiError::bad_request("to must be after from"));
             }
@@ -648,7 +652,11 @@ pub async fn page(
                 enc(&input_value(end))
             )
         } else {
-            format!("{href}?window={}&end={}", window.name, end.timestamp_millis())
+            format!(
+                "{href}?window={}&end={}",
+                window.name,
+                end.timestamp_millis()
+            )
         }
     };
     let later_end = window.to + span;
@@ -667,7 +675,11 @@ pub async fn page(
         window: window.name,
         from_input: input_value(window.from),
         to_input: input_value(window.to),
-        range_label: format!("{} – {} UTC", clock(window.from, now), clock(window.to, now)),
+        range_label: format!(
+            "{} – {} UTC",
+            clock(window.from, now),
+            clock(window.to, now)
+        ),
         earlier_href: window_query(window.from),
         later_href: (!window.follows_now).then(|| {
             if later_end >= now && window.name != "custom" {
@@ -695,12 +707,18 @@ pub async fn page(
         follows_now: window.follows_now,
         timeline,
         older_href: (events.len() as i64 == EVENTS_PER_PAGE)
-            .then(|| events.last().map(|e| format!("{href}?window={}&before={}", window.name, e.id)))
+            .then(|| {
+                events
+                    .last()
+                    .map(|e| format!("{href}?window={}&before={}", window.name, e.id))
+            })
             .flatten(),
         paging_events: before.is_some(),
         events: events.iter().map(|e| EventRowView::new(e, now)).collect(),
         notice: match q.notice.as_deref() {
-            Some("force_released") => Some("The lease was force-released. Its holder's renewals now get 410 and its writes are rejected as stale."),
+            Some("force_released") => Some(
+                "The lease was force-released. Its holder's renewals now get 410 and its writes are rejected as stale.",
+            ),
             Some("not_held") => Some("Nothing to release: the resource was not held any more."),
             _ => None,
         },
@@ -719,10 +737,18 @@ mod tests {
     use super::*;
 
     fn at(ms: i64) -> DateTime<Utc> {
-        Utc.timestamp_millis_opt(1_800_000_000_000 + ms).single().unwrap()
+        Utc.timestamp_millis_opt(1_800_000_000_000 + ms)
+            .single()
+            .unwrap()
     }
 
-    fn lease(token: i64, holder: &str, from: i64, to: Option<i64>, state: LeaseState) -> PublicLease {
+    fn lease(
+        token: i64,
+        holder: &str,
+        from: i64,
+        to: Option<i64>,
+        state: LeaseState,
+    ) -> PublicLease {
         PublicLease {
             resource: "r".into(),
             token,
@@ -767,7 +793,15 @@ mod tests {
     #[test]
     fn many_leases_are_aggregated_into_a_bounded_number_of_bars() {
         let leases: Vec<_> = (0..5_000)
-            .map(|i| lease(i + 1, &format!("w{i}"), i * 10, Some(i * 10 + 5), LeaseState::Released))
+            .map(|i| {
+                lease(
+                    i + 1,
+                    &format!("w{i}"),
+                    i * 10,
+                    Some(i * 10 + 5),
+                    LeaseState::Released,
+                )
+            })
             .collect();
         let t = build(&TimelineInput {
             resource: "r",

@@ -178,10 +178,8 @@ pub trait UiReads: Send + Sync {
         limit: i64,
     ) -> impl Future<Output = StoreResult<Vec<Event>>> + Send;
     /// Newest first.
-    fn query_events(&self, q: &EventQuery)
-    -> impl Future<Output = StoreResult<Vec<Event>>> + Send;
-    fn overview(&self, contended_limit: i64)
-    -> impl Future<Output = StoreResult<Overview>> + Send;
+    fn query_events(&self, q: &EventQuery) -> impl Future<Output = StoreResult<Vec<Event>>> + Send;
+    fn overview(&self, contended_limit: i64) -> impl Future<Output = StoreResult<Overview>> + Send;
 }
 
 /// Per-minute buckets from (kind, minute index, count) rows.
@@ -314,7 +312,11 @@ impl Store {
         with_ui_backend!(self, b => b.leases_in_window(resource, from, to, limit).await)
     }
 
-    pub async fn public_lease(&self, resource: &str, token: i64) -> StoreResult<Option<PublicLease>> {
+    pub async fn public_lease(
+        &self,
+        resource: &str,
+        token: i64,
+    ) -> StoreResult<Option<PublicLease>> {
         with_ui_backend!(self, b => b.lease_by_token(resource, token).await)
     }
 

@@ -4,9 +4,9 @@ use chrono::{DateTime, Duration, Utc};
 use sqlx::{Postgres, QueryBuilder};
 
 use super::{
-    Contended, EventQuery, HeldFilter, OVERVIEW_KINDS, OVERVIEW_MINUTES, Overview,
-    PublicLease, PublicLeaseRow, ResourceOrder, ResourcePage, ResourceQuery, ResourceSummaryRow,
-    UiReads, series_from_counts,
+    Contended, EventQuery, HeldFilter, OVERVIEW_KINDS, OVERVIEW_MINUTES, Overview, PublicLease,
+    PublicLeaseRow, ResourceOrder, ResourcePage, ResourceQuery, ResourceSummaryRow, UiReads,
+    series_from_counts,
 };
 use crate::domain::EventKind;
 use crate::store::postgres::PgBackend;
@@ -18,7 +18,11 @@ const EVENT_COLUMNS: &str = "id, at, kind, resource, token, holder, detail";
 const PUBLIC_LEASE_COLUMNS: &str =
     "resource, token, holder, state, ttl_ms, acquired_at, expires_at, ended_at";
 
-fn push_resource_filter(q: &mut QueryBuilder<'_, Postgres>, query: &ResourceQuery, now: DateTime<Utc>) {
+fn push_resource_filter(
+    q: &mut QueryBuilder<'_, Postgres>,
+    query: &ResourceQuery,
+    now: DateTime<Utc>,
+) {
     q.push(
         " FROM resources r LEFT JOIN leases l ON l.resource = r.name AND l.state = 'active' \
          AND l.expires_at > ",
@@ -82,10 +86,7 @@ impl UiReads for PgBackend {
             q.build_query_as().fetch_all(self.pool()).await?;
         let mut count = QueryBuilder::<Postgres>::new("SELECT count(*)");
         push_resource_filter(&mut count, query, now_ms);
-        let total: i64 = count
-            .build_query_scalar()
-            .fetch_one(self.pool())
-            .await?;
+        let total: i64 = count.build_query_scalar().fetch_one(self.pool()).await?;
         Ok(ResourcePage {
             rows: rows
                 .into_iter()
@@ -153,13 +154,14 @@ impl UiReads for PgBackend {
     }
 
     async fn query_events(&self, query: &EventQuery) -> StoreResult<Vec<Event>> {
-        let mut q =
-            QueryBuilder::<Postgres>::new(format!("SELECT {EVENT_COLUMNS} FROM events WHERE 1 = 1"));
+        let mut q = QueryBuilder::<Postgres>::new(format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE 1 = 1"
+        ));
         if let Some(resource) = &query.resource {
             q.push(" AND resource = ").push_bind(resource.clone());
         }
         if let Some(prefix) = query.resource_prefix.as_deref().filter(|p| !p.is_empty()) {
-                q.push(" AND starts_with(resource, ")
+            q.push(" AND starts_with(resource, ")
                 .push_bind(prefix.to_owned())
                 .push(")");
         }
@@ -192,9 +194,7 @@ impl UiReads for PgBackend {
         let resources: i64 = sqlx::query_scalar("SELECT count(*) FROM resources")
             .fetch_one(self.pool())
             .await?;
-        let mut q = QueryBuilder::<Postgres>::new(
-            "SELECT kind, floor(extract(epoch FROM at - ",
-        );
+        let mut q = QueryBuilder::<Postgres>::new("SELECT kind, floor(extract(epoch FROM at - ");
         q.push_bind(from_ms)
             .push(") / 60)::bigint AS minute, count(*) FROM events WHERE at >= ")
             .push_bind(from_ms)
@@ -202,8 +202,7 @@ impl UiReads for PgBackend {
             .push_bind(now_ms);
         push_kinds(&mut q, &OVERVIEW_KINDS);
         q.push(" GROUP BY kind, minute");
-        let counts: Vec<(String, i64, i64)> =
-            q.build_query_as().fetch_all(self.pool()).await?;
+        let counts: Vec<(String, i64, i64)> = q.build_query_as().fetch_all(self.pool()).await?;
         let contended: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
             "SELECT resource, \
                count(*) FILTER (WHERE kind = 'acquired') AS acquisitions, \

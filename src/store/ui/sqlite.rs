@@ -4,9 +4,9 @@ use chrono::{DateTime, Duration, Utc};
 use sqlx::{QueryBuilder, Sqlite};
 
 use super::{
-    Contended, EventQuery, HeldFilter, OVERVIEW_KINDS, OVERVIEW_MINUTES, Overview,
-    PublicLease, PublicLeaseRow, ResourceOrder, ResourcePage, ResourceQuery, ResourceSummaryRow,
-    UiReads, series_from_counts,
+    Contended, EventQuery, HeldFilter, OVERVIEW_KINDS, OVERVIEW_MINUTES, Overview, PublicLease,
+    PublicLeaseRow, ResourceOrder, ResourcePage, ResourceQuery, ResourceSummaryRow, UiReads,
+    series_from_counts,
 };
 use crate::domain::EventKind;
 use crate::store::rows::{DbTime, EventRow, unix_ms};
@@ -90,10 +90,7 @@ impl UiReads for SqliteBackend {
             q.build_query_as().fetch_all(self.readers()).await?;
         let mut count = QueryBuilder::<Sqlite>::new("SELECT count(*)");
         push_resource_filter(&mut count, query, now_ms);
-        let total: i64 = count
-            .build_query_scalar()
-            .fetch_one(self.readers())
-            .await?;
+        let total: i64 = count.build_query_scalar().fetch_one(self.readers()).await?;
         Ok(ResourcePage {
             rows: rows
                 .into_iter()
@@ -209,8 +206,7 @@ impl UiReads for SqliteBackend {
             .push_bind(now_ms);
         push_kinds(&mut q, &OVERVIEW_KINDS);
         q.push(" GROUP BY kind, minute");
-        let counts: Vec<(String, i64, i64)> =
-            q.build_query_as().fetch_all(self.readers()).await?;
+        let counts: Vec<(String, i64, i64)> = q.build_query_as().fetch_all(self.readers()).await?;
         let contended: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
             "SELECT resource, \
                sum(kind = 'acquired') AS acquisitions, \
