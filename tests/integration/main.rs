@@ -3,5 +3,6 @@
 
 mod support;
 
+mod browser;
 mod locks;
 mod ui;
