@@ -4,5 +4,6 @@
 mod support;
 
 mod browser;
+mod demo;
 mod locks;
 mod ui;

@@ -424,6 +424,15 @@ pub fn build(input: &TimelineInput<'_>) -> Timeline {
         }
         t += step;
     }
+    let now_x = (input.now > input.from && input.now < input.to).then(|| x_of(input.now));
+    // The "now" label wins over a tick label it would overlap.
+    if let Some(nx) = now_x {
+        for tick in &mut ticks {
+            if (tick.x - nx).abs() < 36.0 {
+                tick.label.clear();
+            }
+        }
+    }
     let lanes = lanes.lanes;
     let lanes_shown = lanes.len().max(1);
     let height = AXIS_H + 8.0 + lanes_shown as f64 * LANE_H + 6.0;
@@ -432,7 +441,7 @@ pub fn build(input: &TimelineInput<'_>) -> Timeline {
         plot_x: GUTTER,
         plot_right: GUTTER + PLOT_W,
         axis_y: AXIS_H,
-        now_x: (input.now > input.from && input.now < input.to).then(|| x_of(input.now)),
+        now_x,
         lease_count: input.leases.len(),
         lanes,
         ticks,
