@@ -145,17 +145,16 @@ async fn seed(url: &str) -> anyhow::Result<()> {
                  FROM generate_series(0, {leases} - 1) AS i, \
                  LATERAL (SELECT {now} - interval '1 day' + (i / {RESOURCES}) * {slot_ms} * interval '1 millisecond' + (i % {RESOURCES}) * interval '5 milliseconds' AS a) t"
             ),
-            format!(
-                "INSERT INTO events (at, kind, resource, token, holder, detail) \
+                            "INSERT INTO events (at, kind, resource, token, holder, detail) \
                  SELECT e.at, e.kind, l.resource, l.token, l.holder, e.detail FROM leases l, LATERAL (VALUES \
-                   (l.acquired_at, 'acquired', '{{\"ttl_ms\":30000}}'::jsonb), \
-                   (l.acquired_at + interval '10 seconds', 'renewed', '{{\"ttl_ms\":30000,\"margin_ms\":20000}}'::jsonb), \
+                   (l.acquired_at, 'acquired', '{\"ttl_ms\":30000}'::jsonb), \
+                   (l.acquired_at + interval '10 seconds', 'renewed', '{\"ttl_ms\":30000,\"margin_ms\":20000}'::jsonb), \
                    (l.acquired_at + interval '12 seconds', CASE WHEN l.state = 'expired' THEN 'write_rejected' ELSE 'write_accepted' END, \
                      CASE WHEN l.state = 'expired' THEN jsonb_build_object('via','store','reason','stale_token','rejected_token',l.token,'accepted_token',l.token+1,'fenced_by',jsonb_build_object('token',l.token+1,'holder','worker-1'),'lateness_ms',1200) \
-                     ELSE '{{\"via\":\"store\",\"version\":1}}'::jsonb END), \
-                   (l.acquired_at + interval '30 seconds', CASE l.state WHEN 'expired' THEN 'expired' WHEN 'active' THEN 'renewed' ELSE 'released' END, '{{\"held_ms\":30000}}'::jsonb) \
+                     ELSE '{\"via\":\"store\",\"version\":1}'::jsonb END), \
+                   (l.acquired_at + interval '30 seconds', CASE l.state WHEN 'expired' THEN 'expired' WHEN 'active' THEN 'renewed' ELSE 'released' END, '{\"held_ms\":30000}'::jsonb) \
                  ) AS e(at, kind, detail) ORDER BY e.at"
-            ),
+                .to_owned(),
             "ANALYZE".to_owned(),
         ] {
             sqlx::query(&sql).execute(&mut db).await?;

@@ -10,7 +10,10 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use std::sync::Arc;
+
 use crate::http::auth::AdminToken;
+use crate::http::limits::RateLimiter;
 use crate::http::ui::UiAccess;
 use crate::http::{self, AppState};
 use crate::service::{self, Limits, LockService};
@@ -27,6 +30,11 @@ pub struct Config {
     pub ui_token: Option<String>,
     /// Run simulated workers against this server (`serve --demo`).
     pub demo: bool,
+    /// Requests per second per client IP (0: no limit), and the burst.
+    pub rate_limit_per_sec: u32,
+    pub rate_limit_burst: u32,
+    /// Acquires that may wait at once in this instance.
+    pub max_waiters: usize,
 }
 
 impl Config {
@@ -40,6 +48,9 @@ impl Config {
             sweep_interval: Duration::from_millis(100),
             ui_token: None,
             demo: false,
+            rate_limit_per_sec: 0,
+            rate_limit_burst: 0,
+            max_waiters: 10_000,
         }
     }
 }
@@ -80,6 +91,7 @@ impl App {
         let stop = CancellationToken::new();
         let limits = Limits {
             max_ttl: config.max_ttl,
+            max_waiters: config.max_waiters,
         };
         let service = LockService::new(store.clone(), limits, stop.clone());
         Ok(Self {
@@ -88,6 +100,8 @@ impl App {
                 service,
                 admin_token,
                 ui_access,
+                rate_limiter: RateLimiter::new(config.rate_limit_per_sec, config.rate_limit_burst)
+                    .map(Arc::new),
             },
             store,
             sweep_interval: config.sweep_interval,
@@ -135,7 +149,8 @@ impl App {
 
         tracing::info!(addr = %listener.local_addr()?, backend = store.backend_name(), "palisade listening");
         let stop_on_signal = stop.clone();
-        let result = axum::serve(listener, http::router(state))
+        let app = http::router(state).into_make_service_with_connect_info::<SocketAddr>();
+        let result = axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 shutdown.await;
                 tracing::info!("shutting down: finishing in-flight requests");

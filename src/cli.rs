@@ -23,6 +23,11 @@ pub enum Command {
     Serve(ServeArgs),
     /// Apply database migrations and exit.
     Migrate(DatabaseArgs),
+    /// Run the torture test: real processes, injected faults, a checked history.
+    Torture(crate::torture::TortureArgs),
+    /// One worker process of the torture test (started by `torture`).
+    #[command(hide = true)]
+    TortureWorker(crate::torture::worker::WorkerArgs),
 }
 
 #[derive(Debug, Args)]
@@ -59,6 +64,16 @@ pub struct ServeArgs {
     /// Also run simulated workers so the UI has something to show.
     #[arg(long)]
     pub demo: bool,
+    /// Requests per second allowed per client IP address; 0 turns the limit off.
+    #[arg(long, env = "PALISADE_RATE_LIMIT_PER_SEC", default_value_t = 0)]
+    pub rate_limit_per_sec: u32,
+    /// Requests a client may send at once before the per-second rate applies.
+    #[arg(long, env = "PALISADE_RATE_LIMIT_BURST", default_value_t = 0)]
+    pub rate_limit_burst: u32,
+    /// Acquires that may wait for a held resource at once in this instance;
+    /// beyond that, waiting acquires get 503 `overloaded`.
+    #[arg(long, env = "PALISADE_MAX_WAITERS", default_value_t = 10_000)]
+    pub max_waiters: usize,
 }
 
 impl ServeArgs {
@@ -71,6 +86,9 @@ impl ServeArgs {
             sweep_interval: Duration::from_millis(self.sweep_interval_ms),
             ui_token: self.ui_token,
             demo: self.demo,
+            rate_limit_per_sec: self.rate_limit_per_sec,
+            rate_limit_burst: self.rate_limit_burst,
+            max_waiters: self.max_waiters,
         }
     }
 }

@@ -7,4 +7,5 @@ pub mod domain;
 pub mod http;
 pub mod service;
 pub mod store;
+pub mod torture;
 pub mod waiters;

@@ -25,5 +25,15 @@ async fn main() -> anyhow::Result<()> {
             store.close().await;
             Ok(())
         }
+        Command::Torture(args) => {
+            if palisade::torture::run(args).await? {
+                println!("torture: PASSED");
+                Ok(())
+            } else {
+                println!("torture: FAILED");
+                std::process::exit(1)
+            }
+        }
+        Command::TortureWorker(args) => palisade::torture::worker::run(args).await,
     }
 }

@@ -5,8 +5,10 @@
 //! waking local waiters after a commit, and the background tasks that record
 //! expiries and carry lease endings between instances.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -26,17 +28,22 @@ pub enum ServiceError {
     Store(#[from] StoreError),
     #[error("the server is shutting down")]
     ShuttingDown,
+    #[error("too many acquires are already waiting")]
+    Overloaded,
 }
 
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_ttl: Duration,
+    /// Acquires that may wait at once in this instance.
+    pub max_waiters: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
             max_ttl: Ttl::DEFAULT_MAX,
+            max_waiters: 10_000,
         }
     }
 }
@@ -53,6 +60,9 @@ pub struct LockService {
     store: Store,
     waiters: Waiters,
     limits: Limits,
+    /// Permits for waiting acquires: bounds the memory and wake-ups a flood
+    /// of waiters can cost.
+    wait_permits: Arc<Semaphore>,
     shutdown: CancellationToken,
 }
 
@@ -61,6 +71,7 @@ impl LockService {
         Self {
             store,
             waiters: Waiters::default(),
+            wait_permits: Arc::new(Semaphore::new(limits.max_waiters)),
             limits,
             shutdown,
         }
@@ -88,6 +99,12 @@ impl LockService {
     ) -> Result<Acquired, ServiceError> {
         let started = Instant::now();
         let deadline = started + wait.as_duration();
+        let _permit = if wait.as_duration().is_zero() {
+            None
+        } else {
+            let permit = self.wait_permits.clone().try_acquire_owned();
+            Some(permit.map_err(|_| ServiceError::Overloaded)?)
+        };
         // Subscribe before the first attempt so no ending slips between.
         let mut subscription =
             (!wait.as_duration().is_zero()).then(|| self.waiters.subscribe(req.resource.as_str()));

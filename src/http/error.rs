@@ -109,6 +109,11 @@ impl From<ServiceError> for ApiError {
                 "shutting_down",
                 "the server is shutting down; retry on another instance",
             ),
+            ServiceError::Overloaded => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "too many acquires are already waiting on this instance; retry shortly",
+            ),
         }
     }
 }

@@ -7,13 +7,14 @@ pub mod auth;
 pub mod error;
 pub mod extract;
 mod health;
+pub mod limits;
 pub mod ui;
 
 use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use tower_http::catch_panic::CatchPanicLayer;
@@ -32,6 +33,8 @@ pub struct AppState {
     pub admin_token: AdminToken,
     /// Who may read the web UI.
     pub ui_access: ui::UiAccess,
+    /// Per-client rate limit; `None` when disabled.
+    pub rate_limiter: Option<std::sync::Arc<limits::RateLimiter>>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -43,7 +46,9 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         // Layers wrap what is above them, so the last one added runs first:
         // the body limit is enforced by the extractors, a panic becomes a
-        // JSON 500, and the access log sees the final status of everything.
+        // JSON 500, the rate limit answers before any work is done, every
+        // response gets the security headers, and the access log sees the
+        // final status of everything.
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(
@@ -53,9 +58,39 @@ pub fn router(state: AppState) -> Router {
             )
             .into_response()
         }))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            limits::rate_limit,
+        ))
+        .layer(middleware::from_fn(security_headers))
         .layer(middleware::from_fn_with_state(state.clone(), log_request))
         .with_state(state)
 }
+
+/// Headers every response carries unless a handler set its own: no
+/// sniffing, no framing (clickjacking on the admin form), no inline script,
+/// no referrer leaking resource names to other sites.
+async fn security_headers(req: Request, next: Next) -> Response {
+    let mut response = next.run(req).await;
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
+    ] {
+        headers
+            .entry(name)
+            .or_insert(HeaderValue::from_static(value));
+    }
+    response
+}
+
+/// Scripts only from our own origin (no inline script, no eval); styles may
+/// be inline (server-rendered SVG uses style attributes); never framed.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
+style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; object-src 'none'; \
+base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 async fn not_found() -> ApiError {
     ApiError::not_found("not_found", "no such route")

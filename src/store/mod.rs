@@ -85,7 +85,11 @@ fn classify_database_error(code: &str, message: String) -> Option<StoreError> {
         c if c.starts_with("08") || c.starts_with("53") || c.starts_with("57") => {
             Some(StoreError::Unavailable(message))
         }
-        "55P03" => Some(StoreError::Unavailable(message)),
+        // Lock timeout; the database is gone or renamed; credentials were
+        // revoked; system I/O errors; a standby that cannot take writes
+        // (during failover): all mean "not now", never "bad request".
+        "55P03" | "3D000" | "25006" => Some(StoreError::Unavailable(message)),
+        c if c.starts_with("28") || c.starts_with("58") => Some(StoreError::Unavailable(message)),
         "40001" | "40P01" | "23505" => Some(StoreError::Conflict(message)),
         c if c.starts_with("22") => Some(StoreError::InvalidData(message)),
         _ => None,
@@ -266,5 +270,44 @@ impl Store {
 
     pub async fn close(&self) {
         with_backend!(self, b => b.close().await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(code: &str) -> &'static str {
+        match classify_database_error(code, String::new()) {
+            Some(StoreError::Unavailable(_)) => "unavailable",
+            Some(StoreError::Conflict(_)) => "conflict",
+            Some(StoreError::InvalidData(_)) => "invalid",
+            Some(_) => "other",
+            None => "unclassified",
+        }
+    }
+
+    #[test]
+    fn database_errors_that_mean_not_now_are_unavailable() {
+        // SQLite BUSY, LOCKED, BUSY_SNAPSHOT (517), IOERR.
+        for code in ["5", "6", "517", "10"] {
+            assert_eq!(kind(code), "unavailable", "sqlite {code}");
+        }
+        // PostgreSQL: connection lost, admin shutdown, too many connections,
+        // lock timeout, database dropped, auth revoked, read-only standby.
+        for code in [
+            "08006", "57P01", "53300", "55P03", "3D000", "28P01", "25006",
+        ] {
+            assert_eq!(kind(code), "unavailable", "postgres {code}");
+        }
+    }
+
+    #[test]
+    fn races_and_bad_data_are_told_apart() {
+        assert_eq!(kind("40001"), "conflict");
+        assert_eq!(kind("40P01"), "conflict");
+        assert_eq!(kind("23505"), "conflict");
+        assert_eq!(kind("22P02"), "invalid");
+        assert_eq!(kind("42P01"), "unclassified");
     }
 }

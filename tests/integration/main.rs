@@ -1,9 +1,19 @@
 //! Integration tests: the real server on a random port, driven over HTTP,
 //! on SQLite and (with `PALISADE_TEST_POSTGRES_URL`) PostgreSQL.
 
+// Tests may fail loudly on anything unexpected.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
+mod bad_input;
 mod browser;
+mod concurrency;
 mod demo;
+mod fencing;
+mod history;
+mod lifecycle;
+mod limits;
 mod locks;
+mod restart;
 mod ui;

@@ -1,0 +1,178 @@
+//! Health probes, database loss and graceful shutdown.
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::support::{Backend, Harness, TestDb, TestServer};
+
+async fn health_and_readiness_answer(backend: Backend) {
+    let h = Harness::start(&backend).await;
+    let (status, body) = h.server.get("/healthz").await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::OK, Some("ok"))
+    );
+    let (status, body) = h.server.get("/readyz").await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (StatusCode::OK, Some("ready"))
+    );
+    h.finish().await;
+}
+
+crate::on_both_backends!(health_and_readiness_answer);
+
+/// When the database goes away, requests fail fast with 503 `unavailable`
+/// (never a false success or a false "held") and /readyz says not ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_database_is_a_503_not_a_500() {
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let db = TestDb::create(&backend).await;
+    let s = TestServer::start(&db.url).await;
+    s.acquire("r", "w", 60_000).await;
+    let name = db
+        .url
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap()
+        .to_owned();
+    let Backend::Postgres(admin) = &backend else {
+        unreachable!()
+    };
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(admin)
+        .await
+        .unwrap();
+    sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+
+    let started = Instant::now();
+    let (status, body) = s
+        .post(
+            "/v1/resources/r/acquire",
+            json!({"holder": "x", "ttl_ms": 1000}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "unavailable");
+    let (status, body) = s.fence("r", 1).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let (status, _) = s.get("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, _) = s.get("/healthz").await;
+    assert_eq!(status, StatusCode::OK, "the process itself is alive");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "failing took {:?}",
+        started.elapsed()
+    );
+    s.stop().await;
+}
+
+/// SIGTERM: in-flight requests finish (a waiting acquire is answered at
+/// once), then the process exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_shuts_down_gracefully() {
+    let db = TestDb::create(&Backend::Sqlite).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--database-url",
+            &db.url,
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while client.get(format!("{base}/readyz")).send().await.is_err() {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let held = client
+        .post(format!("{base}/v1/resources/r/acquire"))
+        .json(&json!({"holder": "a", "ttl_ms": 60_000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    let waiter = tokio::spawn({
+        let client = client.clone();
+        let url = format!("{base}/v1/resources/r/acquire");
+        async move {
+            let res = client
+                .post(url)
+                .json(&json!({"holder": "b", "ttl_ms": 1000, "wait_ms": 60_000}))
+                .send()
+                .await
+                .unwrap();
+            (res.status(), res.json::<serde_json::Value>().await.unwrap())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let (status, body) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "shutting_down");
+    let exit = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.success(), "exit status {exit:?}");
+    assert!(
+        client.get(format!("{base}/healthz")).send().await.is_err(),
+        "no longer accepting"
+    );
+}
+
+/// Every response, API or error, carries the security headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_carry_security_headers() {
+    let h = Harness::start(&Backend::Sqlite).await;
+    for path in ["/healthz", "/v1/resources/none", "/no/such/route"] {
+        let res = h
+            .server
+            .client
+            .get(h.server.url(path))
+            .send()
+            .await
+            .unwrap();
+        let headers = res.headers();
+        assert_eq!(headers["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(headers["x-frame-options"], "DENY");
+        assert_eq!(headers["referrer-policy"], "no-referrer");
+        let csp = headers["content-security-policy"].to_str().unwrap();
+        assert!(
+            csp.contains("script-src 'self'") && !csp.contains("script-src 'self' 'unsafe-inline'"),
+            "{csp}"
+        );
+        assert!(csp.contains("frame-ancestors 'none'"));
+    }
+    h.finish().await;
+}
