@@ -207,13 +207,16 @@ impl UiReads for SqliteBackend {
         push_kinds(&mut q, &OVERVIEW_KINDS);
         q.push(" GROUP BY kind, minute");
         let counts: Vec<(String, i64, i64)> = q.build_query_as().fetch_all(self.readers()).await?;
+        // The planner prefers (resource, at) with a skip-scan, five times
+        // slower than the covering (kind, at, resource, holder) index.
         let contended: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
             "SELECT resource, \
                sum(kind = 'acquired') AS acquisitions, \
                count(DISTINCT CASE WHEN kind = 'acquired' THEN holder END) AS holders, \
                sum(kind = 'expired') AS expiries, \
                sum(kind = 'write_rejected') AS rejections \
-             FROM events WHERE kind IN ('acquired', 'expired', 'write_rejected') AND at >= ? \
+             FROM events INDEXED BY events_by_kind_time \
+             WHERE kind IN ('acquired', 'expired', 'write_rejected') AND at >= ? \
              GROUP BY resource \
              ORDER BY holders DESC, acquisitions + rejections DESC, resource LIMIT ?",
         )
