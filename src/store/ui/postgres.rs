@@ -57,6 +57,24 @@ fn push_kinds(q: &mut QueryBuilder<'_, Postgres>, kinds: &[EventKind]) {
     q.push(")");
 }
 
+/// Up to this many resources matching a prefix, the events page reads each
+/// one's index; beyond it, matches are dense enough to scan the log by id.
+const PREFIX_FANOUT: i64 = 200;
+
+/// Kind, holder, token and paging filters of an events page.
+fn push_event_filters(q: &mut QueryBuilder<'_, Postgres>, query: &EventQuery) {
+    push_kinds(q, &query.kinds);
+    if let Some(holder) = &query.holder {
+        q.push(" AND holder = ").push_bind(holder.clone());
+    }
+    if let Some(token) = query.token {
+        q.push(" AND token = ").push_bind(token);
+    }
+    if let Some(before) = query.before {
+        q.push(" AND id < ").push_bind(before);
+    }
+}
+
 impl UiReads for PgBackend {
     async fn db_now(&self) -> StoreResult<DateTime<Utc>> {
         Ok(sqlx::query_scalar(&format!("SELECT {NOW}"))
@@ -154,6 +172,38 @@ impl UiReads for PgBackend {
     }
 
     async fn query_events(&self, query: &EventQuery) -> StoreResult<Vec<Event>> {
+        let limit = query.limit.clamp(1, super::MAX_PAGE * 2);
+        // A prefix that matches few resources: walk each one's (resource,
+        // id) index backwards and merge, instead of scanning the whole log
+        // by id for rare matches (PostgreSQL cannot range-scan a prefix
+        // under every collation).
+        if let (None, Some(prefix)) = (
+            &query.resource,
+            query.resource_prefix.as_deref().filter(|p| !p.is_empty()),
+        ) {
+            let names: Vec<String> = sqlx::query_scalar(
+                "SELECT name FROM resources WHERE starts_with(name, $1) LIMIT $2",
+            )
+            .bind(prefix)
+            .bind(PREFIX_FANOUT + 1)
+            .fetch_all(self.pool())
+            .await?;
+            if names.len() as i64 <= PREFIX_FANOUT {
+                let mut q = QueryBuilder::<Postgres>::new("SELECT e.* FROM unnest(");
+                q.push_bind(names).push(format!(
+                    ") AS n(name) CROSS JOIN LATERAL (SELECT {EVENT_COLUMNS} FROM events \
+                     WHERE resource = n.name"
+                ));
+                push_event_filters(&mut q, query);
+                q.push(" ORDER BY id DESC LIMIT ")
+                    .push_bind(limit)
+                    .push(") AS e ORDER BY e.id DESC LIMIT ")
+                    .push_bind(limit);
+                let rows: Vec<EventRow<DateTime<Utc>>> =
+                    q.build_query_as().fetch_all(self.pool()).await?;
+                return rows.into_iter().map(EventRow::into_event).collect();
+            }
+        }
         let mut q = QueryBuilder::<Postgres>::new(format!(
             "SELECT {EVENT_COLUMNS} FROM events WHERE 1 = 1"
         ));
@@ -165,18 +215,8 @@ impl UiReads for PgBackend {
                 .push_bind(prefix.to_owned())
                 .push(")");
         }
-        push_kinds(&mut q, &query.kinds);
-        if let Some(holder) = &query.holder {
-            q.push(" AND holder = ").push_bind(holder.clone());
-        }
-        if let Some(token) = query.token {
-            q.push(" AND token = ").push_bind(token);
-        }
-        if let Some(before) = query.before {
-            q.push(" AND id < ").push_bind(before);
-        }
-        q.push(" ORDER BY id DESC LIMIT ")
-            .push_bind(query.limit.clamp(1, super::MAX_PAGE * 2));
+        push_event_filters(&mut q, query);
+        q.push(" ORDER BY id DESC LIMIT ").push_bind(limit);
         let rows: Vec<EventRow<DateTime<Utc>>> = q.build_query_as().fetch_all(self.pool()).await?;
         rows.into_iter().map(EventRow::into_event).collect()
     }
