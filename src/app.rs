@@ -16,6 +16,8 @@ use crate::http::auth::AdminToken;
 use crate::http::limits::RateLimiter;
 use crate::http::ui::UiAccess;
 use crate::http::{self, AppState};
+use crate::metrics::{self, Metrics, MetricsConfig};
+use crate::retention::{self, RetentionConfig};
 use crate::service::{self, Limits, LockService};
 use crate::store::Store;
 
@@ -35,6 +37,11 @@ pub struct Config {
     pub rate_limit_burst: u32,
     /// Acquires that may wait at once in this instance.
     pub max_waiters: usize,
+    pub metrics: MetricsConfig,
+    /// How often the database-backed gauges are refreshed.
+    pub metrics_refresh: Duration,
+    /// `None` keeps events forever.
+    pub event_retention: Option<RetentionConfig>,
 }
 
 impl Config {
@@ -51,6 +58,11 @@ impl Config {
             rate_limit_per_sec: 0,
             rate_limit_burst: 0,
             max_waiters: 10_000,
+            metrics: MetricsConfig::default(),
+            metrics_refresh: Duration::from_millis(100),
+            event_retention: Some(RetentionConfig::with_max_age(Duration::from_secs(
+                u64::from(RetentionConfig::DEFAULT_DAYS) * 86_400,
+            ))),
         }
     }
 }
@@ -60,6 +72,8 @@ pub struct App {
     state: AppState,
     store: Store,
     sweep_interval: Duration,
+    metrics_refresh: Duration,
+    event_retention: Option<RetentionConfig>,
     stop: CancellationToken,
     demo: bool,
 }
@@ -93,7 +107,9 @@ impl App {
             max_ttl: config.max_ttl,
             max_waiters: config.max_waiters,
         };
-        let service = LockService::new(store.clone(), limits, stop.clone());
+        let metrics =
+            Metrics::new(&config.metrics).context("cannot register the Prometheus metrics")?;
+        let service = LockService::new(store.clone(), limits, stop.clone(), metrics);
         Ok(Self {
             listener,
             state: AppState {
@@ -105,6 +121,8 @@ impl App {
             },
             store,
             sweep_interval: config.sweep_interval,
+            metrics_refresh: config.metrics_refresh,
+            event_retention: config.event_retention,
             stop,
             demo: config.demo,
         })
@@ -130,6 +148,8 @@ impl App {
             state,
             store,
             sweep_interval,
+            metrics_refresh,
+            event_retention,
             stop,
             demo,
         } = self;
@@ -143,6 +163,19 @@ impl App {
             state.service.clone(),
             stop.clone(),
         ));
+        tasks.spawn(metrics::run_gauge_refresher(
+            state.service.clone(),
+            metrics_refresh,
+            stop.clone(),
+        ));
+        if let Some(retention) = event_retention {
+            tasks.spawn(retention::run_event_retention(
+                store.clone(),
+                state.service.metrics().clone(),
+                retention,
+                stop.clone(),
+            ));
+        }
         if demo {
             tasks.spawn(crate::demo::run(state.service.clone(), stop.clone()));
         }

@@ -5,6 +5,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::app::Config;
+use crate::metrics::{MetricsConfig, ResourceGroupConfig};
+use crate::retention::RetentionConfig;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -74,6 +76,27 @@ pub struct ServeArgs {
     /// beyond that, waiting acquires get 503 `overloaded`.
     #[arg(long, env = "PALISADE_MAX_WAITERS", default_value_t = 10_000)]
     pub max_waiters: usize,
+    /// How often the database-backed gauges (active leases, database up)
+    /// are refreshed; a scrape itself never queries the database.
+    #[arg(long, env = "PALISADE_METRICS_REFRESH_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    pub metrics_refresh_ms: u64,
+    /// Add a `resource_group` label (the resource name up to the separator)
+    /// to the stale-write and expiry counters.
+    #[arg(long, env = "PALISADE_METRICS_RESOURCE_GROUPS")]
+    pub metrics_resource_groups: bool,
+    /// Where a resource name's group prefix ends.
+    #[arg(
+        long,
+        env = "PALISADE_METRICS_RESOURCE_GROUP_SEPARATOR",
+        default_value = "/"
+    )]
+    pub metrics_resource_group_separator: String,
+    /// Distinct resource groups labelled per instance; later ones count as `other`.
+    #[arg(long, env = "PALISADE_METRICS_MAX_RESOURCE_GROUPS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub metrics_max_resource_groups: u64,
+    /// Events older than this many days are pruned; 0 keeps them forever.
+    #[arg(long, env = "PALISADE_EVENT_RETENTION_DAYS", default_value_t = RetentionConfig::DEFAULT_DAYS)]
+    pub event_retention_days: u32,
 }
 
 impl ServeArgs {
@@ -89,6 +112,65 @@ impl ServeArgs {
             rate_limit_per_sec: self.rate_limit_per_sec,
             rate_limit_burst: self.rate_limit_burst,
             max_waiters: self.max_waiters,
+            metrics: MetricsConfig {
+                resource_groups: self.metrics_resource_groups.then(|| ResourceGroupConfig {
+                    separator: self.metrics_resource_group_separator,
+                    max_groups: usize::try_from(self.metrics_max_resource_groups)
+                        .unwrap_or(usize::MAX),
+                }),
+            },
+            metrics_refresh: Duration::from_millis(self.metrics_refresh_ms),
+            event_retention: (self.event_retention_days > 0).then(|| {
+                RetentionConfig::with_max_age(Duration::from_secs(
+                    u64::from(self.event_retention_days) * 86_400,
+                ))
+            }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve(args: &[&str]) -> Config {
+        let cli = Cli::try_parse_from(["palisade", "serve"].iter().chain(args)).unwrap();
+        match cli.command {
+            Command::Serve(args) => args.into_config(),
+            other => panic!("parsed {other:?}"),
+        }
+    }
+
+    #[test]
+    fn metrics_and_retention_defaults() {
+        let config = serve(&[]);
+        assert_eq!(config.metrics.resource_groups, None);
+        assert_eq!(config.metrics_refresh, Duration::from_secs(2));
+        let retention = config.event_retention.unwrap();
+        assert_eq!(retention.max_age, Duration::from_secs(30 * 86_400));
+    }
+
+    #[test]
+    fn resource_groups_and_retention_flags() {
+        let config = serve(&[
+            "--metrics-resource-groups",
+            "--metrics-resource-group-separator",
+            "::",
+            "--metrics-max-resource-groups",
+            "7",
+            "--event-retention-days",
+            "0",
+        ]);
+        assert_eq!(
+            config.metrics.resource_groups,
+            Some(ResourceGroupConfig {
+                separator: "::".into(),
+                max_groups: 7,
+            })
+        );
+        assert_eq!(config.event_retention, None, "0 keeps events forever");
+        let zero_groups =
+            Cli::try_parse_from(["palisade", "serve", "--metrics-max-resource-groups", "0"]);
+        assert!(zero_groups.is_err(), "at least one group");
     }
 }

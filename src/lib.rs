@@ -5,6 +5,8 @@ pub mod cli;
 pub mod demo;
 pub mod domain;
 pub mod http;
+pub mod metrics;
+pub mod retention;
 pub mod service;
 pub mod store;
 pub mod torture;

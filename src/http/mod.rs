@@ -8,6 +8,7 @@ pub mod error;
 pub mod extract;
 mod health;
 pub mod limits;
+mod metrics;
 pub mod ui;
 
 use std::time::Instant;
@@ -42,13 +43,14 @@ pub fn router(state: AppState) -> Router {
         .merge(api::routes())
         .merge(health::routes())
         .merge(ui::routes(state.clone()))
+        .merge(metrics::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Layers wrap what is above them, so the last one added runs first:
         // the body limit is enforced by the extractors, a panic becomes a
         // JSON 500, the rate limit answers before any work is done, every
-        // response gets the security headers, and the access log sees the
-        // final status of everything.
+        // response gets the security headers, and the access log and the
+        // request metrics see the final status of everything.
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(
@@ -64,6 +66,10 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(middleware::from_fn(security_headers))
         .layer(middleware::from_fn_with_state(state.clone(), log_request))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track_request,
+        ))
         .with_state(state)
 }
 
