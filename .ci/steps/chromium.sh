@@ -8,5 +8,5 @@ if command -v chromium >/dev/null 2>&1; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends chromium
+apt-get install -y -qq chromium
 chromium --version

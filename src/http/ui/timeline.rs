@@ -15,9 +15,7 @@ use axum::response::Response;
 use chrono::{DateTime, Duration, NaiveDateTime, TimeZone, Utc};
 use serde::Deserialize;
 
-use super::format::{
-    EventRowView, clock, duration_ms, enc, fenced_by, instant, lease_href, summary,
-};
+use super::format::{EventRowView, clock, duration_ms, enc, fenced_by, lease_href, summary};
 use super::{UiError, Viewer, is_htmx, no_change, render, resource_name};
 use crate::domain::{EventKind, LeaseState};
 use crate::http::AppState;
@@ -733,7 +731,6 @@ pub async fn page(
         },
         href,
     };
-    let _ = instant;
     Ok(if htmx {
         render(&page.as_live())
     } else {
