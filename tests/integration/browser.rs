@@ -159,6 +159,22 @@ impl Cdp {
         panic!("timed out waiting for {expression}; page text: {html}");
     }
 
+    /// Saves a PNG of the page when `PALISADE_SCREENSHOT_DIR` is set (how
+    /// docs/screenshots/force-release.png was made).
+    async fn screenshot(&mut self, name: &str) {
+        use base64::Engine;
+        let Ok(dir) = std::env::var("PALISADE_SCREENSHOT_DIR") else {
+            return;
+        };
+        let shot = self
+            .call("Page.captureScreenshot", json!({"format": "png"}))
+            .await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().unwrap())
+            .unwrap();
+        std::fs::write(std::path::Path::new(&dir).join(name), png).unwrap();
+    }
+
     async fn open(&mut self, url: &str) {
         self.call("Page.navigate", json!({"url": url})).await;
         self.wait_for(
@@ -241,8 +257,12 @@ async fn browser_overview_live_update_timeline_and_force_release() {
     page.eval(
         "document.querySelector('details.danger-zone summary').click(); \
          document.querySelector('textarea[name=reason]').value = 'worker host is gone (browser test)'; \
-         document.querySelector('input[name=confirm]').click(); \
-         document.querySelector('details.danger-zone form button[type=submit]').click(); true",
+         document.querySelector('input[name=confirm]').click(); true",
+    )
+    .await;
+    page.screenshot("force-release.png").await;
+    page.eval(
+        "document.querySelector('details.danger-zone form button[type=submit]').click(); true",
     )
     .await;
     page.wait_for(
