@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::http::auth::AdminToken;
 use crate::http::limits::RateLimiter;
+use crate::http::ui::UiAccess;
 use crate::http::{self, AppState};
 use crate::metrics::{self, Metrics, MetricsConfig};
 use crate::retention::{self, RetentionConfig};
@@ -27,6 +28,10 @@ pub struct Config {
     pub admin_token: Option<String>,
     pub max_ttl: Duration,
     pub sweep_interval: Duration,
+    /// `PALISADE_UI_TOKEN`: protects reading the web UI.
+    pub ui_token: Option<String>,
+    /// Run simulated workers against this server (`serve --demo`).
+    pub demo: bool,
     /// Requests per second per client IP (0: no limit), and the burst.
     pub rate_limit_per_sec: u32,
     pub rate_limit_burst: u32,
@@ -48,6 +53,8 @@ impl Config {
             admin_token: Some("test-admin-token".into()),
             max_ttl: crate::domain::Ttl::DEFAULT_MAX,
             sweep_interval: Duration::from_millis(100),
+            ui_token: None,
+            demo: false,
             rate_limit_per_sec: 0,
             rate_limit_burst: 0,
             max_waiters: 10_000,
@@ -68,6 +75,7 @@ pub struct App {
     metrics_refresh: Duration,
     event_retention: Option<RetentionConfig>,
     stop: CancellationToken,
+    demo: bool,
 }
 
 impl App {
@@ -93,6 +101,7 @@ impl App {
                 token
             }
         };
+        let ui_access = UiAccess::for_listener(listener.local_addr().ok(), config.ui_token);
         let stop = CancellationToken::new();
         let limits = Limits {
             max_ttl: config.max_ttl,
@@ -106,6 +115,7 @@ impl App {
             state: AppState {
                 service,
                 admin_token,
+                ui_access,
                 rate_limiter: RateLimiter::new(config.rate_limit_per_sec, config.rate_limit_burst)
                     .map(Arc::new),
             },
@@ -114,6 +124,7 @@ impl App {
             metrics_refresh: config.metrics_refresh,
             event_retention: config.event_retention,
             stop,
+            demo: config.demo,
         })
     }
 
@@ -140,6 +151,7 @@ impl App {
             metrics_refresh,
             event_retention,
             stop,
+            demo,
         } = self;
         let mut tasks = JoinSet::new();
         tasks.spawn(service::run_expiry_sweeper(
@@ -163,6 +175,9 @@ impl App {
                 retention,
                 stop.clone(),
             ));
+        }
+        if demo {
+            tasks.spawn(crate::demo::run(state.service.clone(), stop.clone()));
         }
 
         tracing::info!(addr = %listener.local_addr()?, backend = store.backend_name(), "palisade listening");

@@ -65,6 +65,13 @@ pub struct ServeArgs {
     /// How often the expiry sweeper looks for leases past their deadline.
     #[arg(long, env = "PALISADE_SWEEP_INTERVAL_MS", default_value_t = 250, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub sweep_interval_ms: u64,
+    /// Token that protects reading the web UI. Without it the UI is open on
+    /// a loopback address and needs a sign-in (admin token) elsewhere.
+    #[arg(long, env = "PALISADE_UI_TOKEN", hide_env_values = true)]
+    pub ui_token: Option<String>,
+    /// Also run simulated workers so the UI has something to show.
+    #[arg(long)]
+    pub demo: bool,
     /// Requests per second allowed per client IP address; 0 turns the limit off.
     #[arg(long, env = "PALISADE_RATE_LIMIT_PER_SEC", default_value_t = 0)]
     pub rate_limit_per_sec: u32,
@@ -106,6 +113,8 @@ impl ServeArgs {
             admin_token: self.admin_token,
             max_ttl: Duration::from_millis(self.max_ttl_ms),
             sweep_interval: Duration::from_millis(self.sweep_interval_ms),
+            ui_token: self.ui_token,
+            demo: self.demo,
             rate_limit_per_sec: self.rate_limit_per_sec,
             rate_limit_burst: self.rate_limit_burst,
             max_waiters: self.max_waiters,

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod client;
 #[cfg(feature = "client")]
 pub mod commands;
+pub mod demo;
 pub mod domain;
 pub mod http;
 pub mod metrics;

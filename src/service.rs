@@ -322,3 +322,73 @@ pub async fn run_lease_ended_listener(service: LockService, shutdown: Cancellati
         }
     }
 }
+
+/// Read queries for the web UI. They go straight to the store: reads need
+/// nothing from the process (no waiting, no waking).
+impl LockService {
+    /// Stops when the server shuts down: long-lived UI work (the demo,
+    /// streams) watches it.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    pub async fn list_resources(
+        &self,
+        query: &crate::store::ui::ResourceQuery,
+    ) -> Result<crate::store::ui::ResourcePage, ServiceError> {
+        Ok(self.store.list_resources(query).await?)
+    }
+
+    pub async fn leases_in_window(
+        &self,
+        resource: &ResourceName,
+        from: chrono::DateTime<chrono::Utc>,
+        to: chrono::DateTime<chrono::Utc>,
+        limit: i64,
+    ) -> Result<Vec<crate::store::ui::PublicLease>, ServiceError> {
+        Ok(self
+            .store
+            .leases_in_window(resource.as_str(), from, to, limit)
+            .await?)
+    }
+
+    pub async fn public_lease(
+        &self,
+        resource: &ResourceName,
+        token: i64,
+    ) -> Result<Option<crate::store::ui::PublicLease>, ServiceError> {
+        Ok(self.store.public_lease(resource.as_str(), token).await?)
+    }
+
+    pub async fn events_in_window(
+        &self,
+        resource: &ResourceName,
+        kinds: &[crate::domain::EventKind],
+        from: chrono::DateTime<chrono::Utc>,
+        to: chrono::DateTime<chrono::Utc>,
+        limit: i64,
+    ) -> Result<Vec<Event>, ServiceError> {
+        Ok(self
+            .store
+            .events_in_window(resource.as_str(), kinds, from, to, limit)
+            .await?)
+    }
+
+    pub async fn query_events(
+        &self,
+        query: &crate::store::ui::EventQuery,
+    ) -> Result<Vec<Event>, ServiceError> {
+        Ok(self.store.query_events(query).await?)
+    }
+
+    pub async fn overview(
+        &self,
+        contended_limit: i64,
+    ) -> Result<crate::store::ui::Overview, ServiceError> {
+        Ok(self.store.overview(contended_limit).await?)
+    }
+
+    pub async fn db_now(&self) -> Result<chrono::DateTime<chrono::Utc>, ServiceError> {
+        Ok(self.store.db_now().await?)
+    }
+}

@@ -1,4 +1,5 @@
-//! HTTP: one router for the JSON API (`api`) and the health checks, with
+//! HTTP: one router for the JSON API (`api`), the web UI (`ui`) and the
+//! health checks, with
 //! the middleware applied in one place.
 
 pub mod api;
@@ -9,6 +10,7 @@ mod health;
 pub mod limits;
 mod metrics;
 pub mod openapi;
+pub mod ui;
 
 use std::time::Instant;
 
@@ -31,6 +33,8 @@ pub const MAX_BODY_BYTES: usize = MAX_VALUE_BYTES + 64 * 1024;
 pub struct AppState {
     pub service: LockService,
     pub admin_token: AdminToken,
+    /// Who may read the web UI.
+    pub ui_access: ui::UiAccess,
     /// Per-client rate limit; `None` when disabled.
     pub rate_limiter: Option<std::sync::Arc<limits::RateLimiter>>,
 }
@@ -39,6 +43,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         // The API, the health checks, the metrics and the OpenAPI document.
         .merge(openapi::documented_routes().split_for_parts().0)
+        .merge(ui::routes(state.clone()))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Layers wrap what is above them, so the last one added runs first:

@@ -10,6 +10,7 @@ pub mod postgres;
 mod rows;
 pub mod sqlite;
 mod types;
+pub mod ui;
 
 use std::future::Future;
 

@@ -54,6 +54,11 @@ impl SqliteBackend {
             .await?;
         Ok(Self { writer, readers })
     }
+
+    /// The read-only pool, for queries outside a transaction.
+    pub(crate) fn readers(&self) -> &SqlitePool {
+        &self.readers
+    }
 }
 
 pub struct SqliteTx(Transaction<'static, Sqlite>);

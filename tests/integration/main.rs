@@ -7,11 +7,13 @@
 mod support;
 
 mod bad_input;
+mod browser;
 #[cfg(feature = "client")]
 mod cli;
 #[cfg(feature = "client")]
 mod client;
 mod concurrency;
+mod demo;
 mod deploy_files;
 mod fencing;
 mod history;
@@ -25,3 +27,4 @@ mod prometheus_e2e;
 mod recipes;
 mod restart;
 mod retention;
+mod ui;

@@ -1,0 +1,363 @@
+//! Read queries for the web UI: resource lists, lease timelines, event
+//! pages and the overview's counts. Read-only and bounded: every query has a
+//! limit and runs on an index, so pages stay fast with millions of events.
+//!
+//! Nothing here ever selects a `lease_id`: a lease is shown publicly as
+//! (resource, token) only.
+
+mod postgres;
+mod sqlite;
+
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+
+use super::rows::DbTime;
+use super::{Event, Store, StoreError, StoreResult};
+use crate::domain::{EventKind, LeaseState};
+
+/// A lease as anyone may see it: no secret id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PublicLease {
+    pub resource: String,
+    pub token: i64,
+    pub holder: String,
+    pub state: LeaseState,
+    pub ttl_ms: i64,
+    pub acquired_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+impl PublicLease {
+    /// The state by the given clock: an active lease past its deadline is
+    /// expired even before the sweeper records it.
+    pub fn state_at(&self, now: DateTime<Utc>) -> LeaseState {
+        if self.state.is_active() && self.expires_at <= now {
+            LeaseState::Expired
+        } else {
+            self.state
+        }
+    }
+
+    /// When the lease ended as of `now`, if it has.
+    pub fn ended_at_as_of(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match self.state_at(now) {
+            LeaseState::Active => None,
+            LeaseState::Expired if self.state.is_active() => Some(self.expires_at),
+            _ => self.ended_at,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeldFilter {
+    #[default]
+    Any,
+    Held,
+    Free,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResourceOrder {
+    /// Most recent activity first.
+    #[default]
+    Activity,
+    /// Least recent activity first.
+    ActivityAsc,
+    Name,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ResourceQuery {
+    pub prefix: Option<String>,
+    pub held: HeldFilter,
+    pub order: ResourceOrder,
+    pub offset: i64,
+    pub limit: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct ResourceSummary {
+    pub name: String,
+    pub last_token: i64,
+    pub accepted_token: i64,
+    pub last_activity_at: DateTime<Utc>,
+    /// The live lease (active and not past its deadline), if any.
+    pub holder: Option<PublicLease>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ResourcePage {
+    pub rows: Vec<ResourceSummary>,
+    /// How many resources match the filter, over all pages.
+    pub total: i64,
+    pub now: DateTime<Utc>,
+}
+
+/// A page of the event log, newest first.
+#[derive(Debug, Clone, Default)]
+pub struct EventQuery {
+    pub resource: Option<String>,
+    pub resource_prefix: Option<String>,
+    /// Empty: every kind.
+    pub kinds: Vec<EventKind>,
+    pub holder: Option<String>,
+    pub token: Option<i64>,
+    /// Only events with an id below this (paging back).
+    pub before: Option<i64>,
+    pub limit: i64,
+}
+
+/// Counts per minute over the last hour for one kind, oldest minute first.
+#[derive(Debug, Clone)]
+pub struct KindSeries {
+    pub kind: EventKind,
+    pub per_minute: Vec<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Contended {
+    pub resource: String,
+    pub acquisitions: i64,
+    pub holders: i64,
+    pub expiries: i64,
+    pub rejections: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Overview {
+    pub now: DateTime<Utc>,
+    pub active_leases: i64,
+    pub resources: i64,
+    /// Acquisitions, expiries and stale-write rejections.
+    pub series: Vec<KindSeries>,
+    pub contended: Vec<Contended>,
+    pub latest_rejections: Vec<Event>,
+}
+
+/// The kinds the overview charts, in display order.
+pub const OVERVIEW_KINDS: [EventKind; 3] = [
+    EventKind::Acquired,
+    EventKind::Expired,
+    EventKind::WriteRejected,
+];
+
+/// How many minutes the overview covers.
+pub const OVERVIEW_MINUTES: i64 = 60;
+
+/// The UI's read queries, one implementation per engine.
+pub trait UiReads: Send + Sync {
+    fn db_now(&self) -> impl Future<Output = StoreResult<DateTime<Utc>>> + Send;
+    fn list_resources(
+        &self,
+        q: &ResourceQuery,
+    ) -> impl Future<Output = StoreResult<ResourcePage>> + Send;
+    /// Leases of `resource` overlapping [from, to), latest first, at most
+    /// `limit`.
+    fn leases_in_window(
+        &self,
+        resource: &str,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        limit: i64,
+    ) -> impl Future<Output = StoreResult<Vec<PublicLease>>> + Send;
+    fn lease_by_token(
+        &self,
+        resource: &str,
+        token: i64,
+    ) -> impl Future<Output = StoreResult<Option<PublicLease>>> + Send;
+    /// Events of `resource` with `at` in [from, to), of the given kinds,
+    /// oldest first, at most `limit`.
+    fn events_in_window(
+        &self,
+        resource: &str,
+        kinds: &[EventKind],
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        limit: i64,
+    ) -> impl Future<Output = StoreResult<Vec<Event>>> + Send;
+    /// Newest first.
+    fn query_events(&self, q: &EventQuery) -> impl Future<Output = StoreResult<Vec<Event>>> + Send;
+    fn overview(&self, contended_limit: i64) -> impl Future<Output = StoreResult<Overview>> + Send;
+}
+
+/// Per-minute buckets from (kind, minute index, count) rows.
+fn series_from_counts(rows: impl IntoIterator<Item = (String, i64, i64)>) -> Vec<KindSeries> {
+    let mut series: Vec<KindSeries> = OVERVIEW_KINDS
+        .iter()
+        .map(|&kind| KindSeries {
+            kind,
+            per_minute: vec![0; OVERVIEW_MINUTES as usize],
+        })
+        .collect();
+    for (kind, minute, count) in rows {
+        let Some(s) = series.iter_mut().find(|s| s.kind.as_str() == kind) else {
+            continue;
+        };
+        if let Some(slot) = usize::try_from(minute)
+            .ok()
+            .and_then(|m| s.per_minute.get_mut(m))
+        {
+            *slot += count;
+        }
+    }
+    series
+}
+
+#[derive(sqlx::FromRow)]
+struct PublicLeaseRow<T> {
+    resource: String,
+    token: i64,
+    holder: String,
+    state: String,
+    ttl_ms: i64,
+    acquired_at: T,
+    expires_at: T,
+    ended_at: Option<T>,
+}
+
+impl<T: DbTime> PublicLeaseRow<T> {
+    fn into_lease(self) -> StoreResult<PublicLease> {
+        Ok(PublicLease {
+            resource: self.resource,
+            token: self.token,
+            holder: self.holder,
+            state: self
+                .state
+                .parse()
+                .map_err(|e: String| StoreError::Corrupt(e))?,
+            ttl_ms: self.ttl_ms,
+            acquired_at: self.acquired_at.to_utc()?,
+            expires_at: self.expires_at.to_utc()?,
+            ended_at: self.ended_at.map(DbTime::to_utc).transpose()?,
+        })
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct ResourceSummaryRow<T> {
+    name: String,
+    last_token: i64,
+    accepted_token: i64,
+    last_activity_at: T,
+    h_token: Option<i64>,
+    h_holder: Option<String>,
+    h_ttl_ms: Option<i64>,
+    h_acquired_at: Option<T>,
+    h_expires_at: Option<T>,
+}
+
+impl<T: DbTime> ResourceSummaryRow<T> {
+    fn into_summary(self) -> StoreResult<ResourceSummary> {
+        let holder = match (
+            self.h_token,
+            self.h_holder,
+            self.h_ttl_ms,
+            self.h_acquired_at,
+            self.h_expires_at,
+        ) {
+            (Some(token), Some(holder), Some(ttl_ms), Some(acquired_at), Some(expires_at)) => {
+                Some(PublicLease {
+                    resource: self.name.clone(),
+                    token,
+                    holder,
+                    state: LeaseState::Active,
+                    ttl_ms,
+                    acquired_at: acquired_at.to_utc()?,
+                    expires_at: expires_at.to_utc()?,
+                    ended_at: None,
+                })
+            }
+            _ => None,
+        };
+        Ok(ResourceSummary {
+            name: self.name,
+            last_token: self.last_token,
+            accepted_token: self.accepted_token,
+            last_activity_at: self.last_activity_at.to_utc()?,
+            holder,
+        })
+    }
+}
+
+/// Upper bound for paging: the UI never asks for more than this at once.
+pub const MAX_PAGE: i64 = 500;
+
+macro_rules! with_ui_backend {
+    ($store:expr, $b:ident => $body:expr) => {
+        match $store {
+            Store::Sqlite($b) => $body,
+            Store::Postgres($b) => $body,
+        }
+    };
+}
+
+impl Store {
+    pub async fn db_now(&self) -> StoreResult<DateTime<Utc>> {
+        with_ui_backend!(self, b => b.db_now().await)
+    }
+
+    pub async fn list_resources(&self, q: &ResourceQuery) -> StoreResult<ResourcePage> {
+        with_ui_backend!(self, b => b.list_resources(q).await)
+    }
+
+    pub async fn leases_in_window(
+        &self,
+        resource: &str,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        limit: i64,
+    ) -> StoreResult<Vec<PublicLease>> {
+        with_ui_backend!(self, b => b.leases_in_window(resource, from, to, limit).await)
+    }
+
+    pub async fn public_lease(
+        &self,
+        resource: &str,
+        token: i64,
+    ) -> StoreResult<Option<PublicLease>> {
+        with_ui_backend!(self, b => b.lease_by_token(resource, token).await)
+    }
+
+    pub async fn events_in_window(
+        &self,
+        resource: &str,
+        kinds: &[EventKind],
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        limit: i64,
+    ) -> StoreResult<Vec<Event>> {
+        with_ui_backend!(self, b => b.events_in_window(resource, kinds, from, to, limit).await)
+    }
+
+    pub async fn query_events(&self, q: &EventQuery) -> StoreResult<Vec<Event>> {
+        with_ui_backend!(self, b => b.query_events(q).await)
+    }
+
+    pub async fn overview(&self, contended_limit: i64) -> StoreResult<Overview> {
+        with_ui_backend!(self, b => b.overview(contended_limit).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_fill_minutes_and_ignore_out_of_range() {
+        let s = series_from_counts([
+            ("acquired".to_owned(), 0, 2),
+            ("acquired".to_owned(), 59, 3),
+            ("acquired".to_owned(), 60, 9),
+            ("write_rejected".to_owned(), 10, 1),
+            ("renewed".to_owned(), 1, 7),
+        ]);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[0].per_minute[0], 2);
+        assert_eq!(s[0].per_minute[59], 3);
+        assert_eq!(s[0].per_minute.iter().sum::<i64>(), 5);
+        assert_eq!(s[2].per_minute[10], 1);
+        assert_eq!(s[1].per_minute.iter().sum::<i64>(), 0);
+    }
+}
