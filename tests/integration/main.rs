@@ -5,3 +5,4 @@ mod support;
 
 mod locks;
 mod metrics;
+mod retention;
