@@ -12,6 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::http::auth::AdminToken;
 use crate::http::{self, AppState};
+use crate::metrics::{self, Metrics, MetricsConfig};
+use crate::retention::{self, RetentionConfig};
 use crate::service::{self, Limits, LockService};
 use crate::store::Store;
 
@@ -22,6 +24,11 @@ pub struct Config {
     pub admin_token: Option<String>,
     pub max_ttl: Duration,
     pub sweep_interval: Duration,
+    pub metrics: MetricsConfig,
+    /// How often the database-backed gauges are refreshed.
+    pub metrics_refresh: Duration,
+    /// `None` keeps events forever.
+    pub event_retention: Option<RetentionConfig>,
 }
 
 impl Config {
@@ -33,6 +40,11 @@ impl Config {
             admin_token: Some("test-admin-token".into()),
             max_ttl: crate::domain::Ttl::DEFAULT_MAX,
             sweep_interval: Duration::from_millis(100),
+            metrics: MetricsConfig::default(),
+            metrics_refresh: Duration::from_millis(100),
+            event_retention: Some(RetentionConfig::with_max_age(Duration::from_secs(
+                u64::from(RetentionConfig::DEFAULT_DAYS) * 86_400,
+            ))),
         }
     }
 }
@@ -42,6 +54,8 @@ pub struct App {
     state: AppState,
     store: Store,
     sweep_interval: Duration,
+    metrics_refresh: Duration,
+    event_retention: Option<RetentionConfig>,
     stop: CancellationToken,
 }
 
@@ -72,7 +86,9 @@ impl App {
         let limits = Limits {
             max_ttl: config.max_ttl,
         };
-        let service = LockService::new(store.clone(), limits, stop.clone());
+        let metrics =
+            Metrics::new(&config.metrics).context("cannot register the Prometheus metrics")?;
+        let service = LockService::new(store.clone(), limits, stop.clone(), metrics);
         Ok(Self {
             listener,
             state: AppState {
@@ -81,6 +97,8 @@ impl App {
             },
             store,
             sweep_interval: config.sweep_interval,
+            metrics_refresh: config.metrics_refresh,
+            event_retention: config.event_retention,
             stop,
         })
     }
@@ -105,6 +123,8 @@ impl App {
             state,
             store,
             sweep_interval,
+            metrics_refresh,
+            event_retention,
             stop,
         } = self;
         let mut tasks = JoinSet::new();
@@ -117,6 +137,19 @@ impl App {
             state.service.clone(),
             stop.clone(),
         ));
+        tasks.spawn(metrics::run_gauge_refresher(
+            state.service.clone(),
+            metrics_refresh,
+            stop.clone(),
+        ));
+        if let Some(retention) = event_retention {
+            tasks.spawn(retention::run_event_retention(
+                store.clone(),
+                state.service.metrics().clone(),
+                retention,
+                stop.clone(),
+            ));
+        }
 
         tracing::info!(addr = %listener.local_addr()?, backend = store.backend_name(), "palisade listening");
         let stop_on_signal = stop.clone();

@@ -5,6 +5,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::app::Config;
+use crate::metrics::{MetricsConfig, ResourceGroupConfig};
+use crate::retention::RetentionConfig;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -52,6 +54,27 @@ pub struct ServeArgs {
     /// How often the expiry sweeper looks for leases past their deadline.
     #[arg(long, env = "PALISADE_SWEEP_INTERVAL_MS", default_value_t = 250, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub sweep_interval_ms: u64,
+    /// How often the database-backed gauges (active leases, database up)
+    /// are refreshed; a scrape itself never queries the database.
+    #[arg(long, env = "PALISADE_METRICS_REFRESH_MS", default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    pub metrics_refresh_ms: u64,
+    /// Add a `resource_group` label (the resource name up to the separator)
+    /// to the stale-write and expiry counters.
+    #[arg(long, env = "PALISADE_METRICS_RESOURCE_GROUPS")]
+    pub metrics_resource_groups: bool,
+    /// Where a resource name's group prefix ends.
+    #[arg(
+        long,
+        env = "PALISADE_METRICS_RESOURCE_GROUP_SEPARATOR",
+        default_value = "/"
+    )]
+    pub metrics_resource_group_separator: String,
+    /// Distinct resource groups labelled per instance; later ones count as `other`.
+    #[arg(long, env = "PALISADE_METRICS_MAX_RESOURCE_GROUPS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub metrics_max_resource_groups: u64,
+    /// Events older than this many days are pruned; 0 keeps them forever.
+    #[arg(long, env = "PALISADE_EVENT_RETENTION_DAYS", default_value_t = RetentionConfig::DEFAULT_DAYS)]
+    pub event_retention_days: u32,
 }
 
 impl ServeArgs {
@@ -62,6 +85,19 @@ impl ServeArgs {
             admin_token: self.admin_token,
             max_ttl: Duration::from_millis(self.max_ttl_ms),
             sweep_interval: Duration::from_millis(self.sweep_interval_ms),
+            metrics: MetricsConfig {
+                resource_groups: self.metrics_resource_groups.then(|| ResourceGroupConfig {
+                    separator: self.metrics_resource_group_separator,
+                    max_groups: usize::try_from(self.metrics_max_resource_groups)
+                        .unwrap_or(usize::MAX),
+                }),
+            },
+            metrics_refresh: Duration::from_millis(self.metrics_refresh_ms),
+            event_retention: (self.event_retention_days > 0).then(|| {
+                RetentionConfig::with_max_age(Duration::from_secs(
+                    u64::from(self.event_retention_days) * 86_400,
+                ))
+            }),
         }
     }
 }

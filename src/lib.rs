@@ -4,6 +4,8 @@ pub mod app;
 pub mod cli;
 pub mod domain;
 pub mod http;
+pub mod metrics;
+pub mod retention;
 pub mod service;
 pub mod store;
 pub mod waiters;

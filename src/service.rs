@@ -3,7 +3,8 @@
 //! It adds to the store what needs the process rather than the database:
 //! waiting for a held resource (woken by lease endings, never by polling),
 //! waking local waiters after a commit, and the background tasks that record
-//! expiries and carry lease endings between instances.
+//! expiries and carry lease endings between instances. It is also where
+//! lock metrics are recorded, so every front end (API, UI) is counted alike.
 
 use std::time::Duration;
 
@@ -11,9 +12,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::{Lease, LeaseId, Reason, ResourceName, Token, Ttl, WaitTime};
+use crate::metrics::Metrics;
 use crate::store::{
     AcquireOutcome, AcquireRequest, Event, EventFilter, FenceOutcome, ForceReleaseOutcome,
-    ReleaseOutcome, RenewOutcome, ResourceView, Store, StoreError, StoredValue, ValueWrite,
+    Recorded, ReleaseOutcome, RenewOutcome, ResourceView, Store, StoreError, StoredValue,
+    ValueWrite, WriteVia,
 };
 use crate::waiters::Waiters;
 
@@ -54,16 +57,37 @@ pub struct LockService {
     waiters: Waiters,
     limits: Limits,
     shutdown: CancellationToken,
+    metrics: Metrics,
 }
 
 impl LockService {
-    pub fn new(store: Store, limits: Limits, shutdown: CancellationToken) -> Self {
+    pub fn new(
+        store: Store,
+        limits: Limits,
+        shutdown: CancellationToken,
+        metrics: Metrics,
+    ) -> Self {
         Self {
             store,
             waiters: Waiters::default(),
             limits,
             shutdown,
+            metrics,
         }
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Counts and announces the expiry an operation recorded on the way, and
+    /// hands back its outcome.
+    fn settled<T>(&self, recorded: Recorded<T>) -> T {
+        if let Some(lease) = &recorded.expired {
+            self.metrics.expired(lease);
+            self.waiters.lease_ended(lease.resource.as_str());
+        }
+        recorded.outcome
     }
 
     pub fn limits(&self) -> &Limits {
@@ -92,21 +116,15 @@ impl LockService {
         let mut subscription =
             (!wait.as_duration().is_zero()).then(|| self.waiters.subscribe(req.resource.as_str()));
         loop {
-            let outcome = self.store.acquire(&req).await?;
+            let outcome = self.settled(self.store.acquire(&req).await?);
             let (AcquireOutcome::Held { holder, now }, Some(sub)) =
                 (&outcome, subscription.as_mut())
             else {
-                return Ok(Acquired {
-                    outcome,
-                    waited: started.elapsed(),
-                });
+                return Ok(self.acquired(outcome, started.elapsed()));
             };
             let local_now = Instant::now();
             if local_now >= deadline {
-                return Ok(Acquired {
-                    outcome,
-                    waited: started.elapsed(),
-                });
+                return Ok(self.acquired(outcome, started.elapsed()));
             }
             // Retry just after the holder's deadline even if nobody records
             // the expiry: the acquire itself settles it.
@@ -121,17 +139,35 @@ impl LockService {
         }
     }
 
+    /// The final answer of an acquire, counted once however many attempts
+    /// it took.
+    fn acquired(&self, outcome: AcquireOutcome, waited: Duration) -> Acquired {
+        match &outcome {
+            AcquireOutcome::Granted { .. } => self.metrics.acquire_granted(waited),
+            AcquireOutcome::Existing(_) => self.metrics.acquire_reissued(),
+            AcquireOutcome::Held { .. } => self.metrics.acquire_held(),
+        }
+        Acquired { outcome, waited }
+    }
+
     pub async fn renew(
         &self,
         id: &LeaseId,
         ttl: Option<Ttl>,
     ) -> Result<RenewOutcome, ServiceError> {
-        Ok(self.store.renew(id, ttl).await?)
+        let outcome = self.settled(self.store.renew(id, ttl).await?);
+        match &outcome {
+            RenewOutcome::Renewed { margin_ms, .. } => self.metrics.renewed(*margin_ms),
+            RenewOutcome::NotActive(_) => self.metrics.renewal_refused(),
+            RenewOutcome::NotFound => {}
+        }
+        Ok(outcome)
     }
 
     pub async fn release(&self, id: &LeaseId) -> Result<ReleaseOutcome, ServiceError> {
-        let outcome = self.store.release(id).await?;
+        let outcome = self.settled(self.store.release(id).await?);
         if let ReleaseOutcome::Released(lease) = &outcome {
+            self.metrics.released(lease);
             self.waiters.lease_ended(lease.resource.as_str());
         }
         Ok(outcome)
@@ -143,8 +179,9 @@ impl LockService {
         reason: &Reason,
         actor: &str,
     ) -> Result<ForceReleaseOutcome, ServiceError> {
-        let outcome = self.store.force_release(name, reason, actor).await?;
+        let outcome = self.settled(self.store.force_release(name, reason, actor).await?);
         if let ForceReleaseOutcome::Released(lease) = &outcome {
+            self.metrics.force_released(lease);
             self.waiters.lease_ended(lease.resource.as_str());
         }
         Ok(outcome)
@@ -155,7 +192,9 @@ impl LockService {
         name: &ResourceName,
         token: Token,
     ) -> Result<FenceOutcome, ServiceError> {
-        Ok(self.store.fence(name, token, None).await?)
+        let outcome = self.settled(self.store.fence(name, token, None).await?);
+        self.metrics.fenced(name, WriteVia::Fence, &outcome);
+        Ok(outcome)
     }
 
     /// The built-in fenced store: check and write in one transaction.
@@ -165,7 +204,9 @@ impl LockService {
         token: Token,
         value: ValueWrite,
     ) -> Result<FenceOutcome, ServiceError> {
-        Ok(self.store.fence(name, token, Some(&value)).await?)
+        let outcome = self.settled(self.store.fence(name, token, Some(&value)).await?);
+        self.metrics.fenced(name, WriteVia::Store, &outcome);
+        Ok(outcome)
     }
 
     pub async fn value(&self, name: &ResourceName) -> Result<Option<StoredValue>, ServiceError> {
@@ -191,6 +232,7 @@ impl LockService {
     pub async fn expire_due_leases(&self, batch: i64) -> Result<Vec<Lease>, ServiceError> {
         let expired = self.store.expire_due_leases(batch).await?;
         for lease in &expired {
+            self.metrics.expired(lease);
             self.waiters.lease_ended(lease.resource.as_str());
         }
         Ok(expired)

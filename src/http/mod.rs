@@ -6,6 +6,7 @@ pub mod auth;
 pub mod error;
 pub mod extract;
 mod health;
+mod metrics;
 
 use std::time::Instant;
 
@@ -34,11 +35,13 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(api::routes())
         .merge(health::routes())
+        .merge(metrics::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         // Layers wrap what is above them, so the last one added runs first:
         // the body limit is enforced by the extractors, a panic becomes a
-        // JSON 500, and the access log sees the final status of everything.
+        // JSON 500, and the access log and the request metrics see the final
+        // status of everything.
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(CatchPanicLayer::custom(|_| {
             ApiError::new(
@@ -49,6 +52,10 @@ pub fn router(state: AppState) -> Router {
             .into_response()
         }))
         .layer(middleware::from_fn_with_state(state.clone(), log_request))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track_request,
+        ))
         .with_state(state)
 }
 

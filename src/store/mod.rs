@@ -18,9 +18,9 @@ use chrono::{DateTime, Utc};
 use crate::domain::{Lease, LeaseId, ResourceName, Token};
 
 pub use types::{
-    AcquireOutcome, AcquireRequest, Event, EventFilter, FenceOutcome, FenceRejection,
-    ForceReleaseOutcome, NewEvent, ReleaseOutcome, RenewOutcome, ResourceRow, ResourceView,
-    StoredValue, ValueWrite, WriteVia,
+    AcquireOutcome, AcquireRequest, Event, EventCursor, EventFilter, FenceOutcome, FenceRejection,
+    ForceReleaseOutcome, NewEvent, PruneBatch, Recorded, ReleaseOutcome, RenewOutcome, ResourceRow,
+    ResourceView, StoredValue, ValueWrite, WriteVia,
 };
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -165,6 +165,18 @@ pub trait Backend: Send + Sync {
         &self,
         limit: i64,
     ) -> impl Future<Output = StoreResult<Vec<ResourceName>>> + Send;
+    /// Leases active by the database clock, cluster-wide (a count over the
+    /// partial index of active leases).
+    fn count_active_leases(&self) -> impl Future<Output = StoreResult<i64>> + Send;
+    /// One retention batch, in its own short write transaction: looks at up
+    /// to `limit` events older than `cutoff` after `after` (in `(at, id)`
+    /// order) and deletes those that are not their resource's newest event.
+    fn prune_events_batch(
+        &self,
+        cutoff: DateTime<Utc>,
+        after: Option<EventCursor>,
+        limit: i64,
+    ) -> impl Future<Output = StoreResult<PruneBatch>> + Send;
     fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;
     fn close(&self) -> impl Future<Output = ()> + Send;
 }
@@ -206,7 +218,7 @@ impl Store {
         }
     }
 
-    pub async fn acquire(&self, req: &AcquireRequest) -> StoreResult<AcquireOutcome> {
+    pub async fn acquire(&self, req: &AcquireRequest) -> StoreResult<Recorded<AcquireOutcome>> {
         with_backend!(self, b => ops::acquire(b, req).await)
     }
 
@@ -214,11 +226,11 @@ impl Store {
         &self,
         id: &LeaseId,
         ttl: Option<crate::domain::Ttl>,
-    ) -> StoreResult<RenewOutcome> {
+    ) -> StoreResult<Recorded<RenewOutcome>> {
         with_backend!(self, b => ops::renew(b, id, ttl).await)
     }
 
-    pub async fn release(&self, id: &LeaseId) -> StoreResult<ReleaseOutcome> {
+    pub async fn release(&self, id: &LeaseId) -> StoreResult<Recorded<ReleaseOutcome>> {
         with_backend!(self, b => ops::release(b, id).await)
     }
 
@@ -227,7 +239,7 @@ impl Store {
         name: &ResourceName,
         reason: &crate::domain::Reason,
         actor: &str,
-    ) -> StoreResult<ForceReleaseOutcome> {
+    ) -> StoreResult<Recorded<ForceReleaseOutcome>> {
         with_backend!(self, b => ops::force_release(b, name, reason, actor).await)
     }
 
@@ -236,7 +248,7 @@ impl Store {
         name: &ResourceName,
         token: Token,
         write: Option<&ValueWrite>,
-    ) -> StoreResult<FenceOutcome> {
+    ) -> StoreResult<Recorded<FenceOutcome>> {
         with_backend!(self, b => ops::fence(b, name, token, write).await)
     }
 
@@ -265,6 +277,25 @@ impl Store {
 
     pub async fn ping(&self) -> StoreResult<()> {
         with_backend!(self, b => b.ping().await)
+    }
+
+    /// Leases active right now by the database clock, across all instances.
+    pub async fn count_active_leases(&self) -> StoreResult<i64> {
+        with_backend!(self, b => b.count_active_leases().await)
+    }
+
+    /// The database clock.
+    pub async fn now(&self) -> StoreResult<DateTime<Utc>> {
+        with_backend!(self, b => ops::db_now(b).await)
+    }
+
+    pub async fn prune_events_batch(
+        &self,
+        cutoff: DateTime<Utc>,
+        after: Option<EventCursor>,
+        limit: i64,
+    ) -> StoreResult<PruneBatch> {
+        with_backend!(self, b => b.prune_events_batch(cutoff, after, limit).await)
     }
 
     pub async fn close(&self) {

@@ -100,12 +100,27 @@ fn missing_resource(name: &ResourceName) -> StoreError {
     StoreError::Corrupt(format!("lease refers to missing resource {name:?}"))
 }
 
-async fn commit<B: Backend, T>(tx: B::Tx, out: T) -> StoreResult<T> {
+/// Commits and reports the outcome with the expiry settled on the way.
+async fn commit_recorded<B: Backend, T>(
+    tx: B::Tx,
+    outcome: T,
+    expired: Option<Lease>,
+) -> StoreResult<Recorded<T>> {
     B::commit(tx).await?;
-    Ok(out)
+    Ok(Recorded { outcome, expired })
 }
 
-pub async fn acquire<B: Backend>(b: &B, req: &AcquireRequest) -> StoreResult<AcquireOutcome> {
+fn nothing_recorded<T>(outcome: T) -> StoreResult<Recorded<T>> {
+    Ok(Recorded {
+        outcome,
+        expired: None,
+    })
+}
+
+pub async fn acquire<B: Backend>(
+    b: &B,
+    req: &AcquireRequest,
+) -> StoreResult<Recorded<AcquireOutcome>> {
     let mut tx = b.begin_write().await?;
     tx.ensure_resource(&req.resource).await?;
     let (mut row, now) = lock_existing(&mut tx, &req.resource)
@@ -144,7 +159,7 @@ pub async fn acquire<B: Backend>(b: &B, req: &AcquireRequest) -> StoreResult<Acq
                 .await?;
             AcquireOutcome::Granted {
                 lease,
-                expired: settled.expired,
+                expired: settled.expired.clone(),
             }
         }
         (AcquireDecision::Existing, Some(live)) => AcquireOutcome::Existing(live),
@@ -154,33 +169,54 @@ pub async fn acquire<B: Backend>(b: &B, req: &AcquireRequest) -> StoreResult<Acq
             return Err(StoreError::Corrupt("held without a live lease".into()));
         }
     };
-    commit::<B, _>(tx, outcome).await
+    commit_recorded::<B, _>(tx, outcome, settled.expired).await
+}
+
+/// A lease read under its resource's row lock, after settling the resource.
+struct LockedLease {
+    lease: Lease,
+    row: ResourceRow,
+    now: DateTime<Utc>,
+    /// The expiry settling recorded (this lease's own, or none).
+    expired: Option<Lease>,
 }
 
 /// Finds a lease by id, then locks its resource, settles it and reads the
 /// lease again under the lock.
-async fn lock_lease<T: ResourceTx>(
-    tx: &mut T,
-    id: &LeaseId,
-) -> StoreResult<Option<(Lease, ResourceRow, DateTime<Utc>)>> {
+async fn lock_lease<T: ResourceTx>(tx: &mut T, id: &LeaseId) -> StoreResult<Option<LockedLease>> {
     let Some(found) = tx.lease_by_id(id).await? else {
         return Ok(None);
     };
     let (row, now) = lock_existing(tx, &found.resource)
         .await?
         .ok_or_else(|| missing_resource(&found.resource))?;
-    settle(tx, &found.resource, now).await?;
+    let settled = settle(tx, &found.resource, now).await?;
     let lease = tx
         .lease_by_id(id)
         .await?
         .ok_or_else(|| StoreError::Corrupt("lease vanished under its row lock".into()))?;
-    Ok(Some((lease, row, now)))
+    Ok(Some(LockedLease {
+        lease,
+        row,
+        now,
+        expired: settled.expired,
+    }))
 }
 
-pub async fn renew<B: Backend>(b: &B, id: &LeaseId, ttl: Option<Ttl>) -> StoreResult<RenewOutcome> {
+pub async fn renew<B: Backend>(
+    b: &B,
+    id: &LeaseId,
+    ttl: Option<Ttl>,
+) -> StoreResult<Recorded<RenewOutcome>> {
     let mut tx = b.begin_write().await?;
-    let Some((lease, mut row, now)) = lock_lease(&mut tx, id).await? else {
-        return Ok(RenewOutcome::NotFound);
+    let Some(LockedLease {
+        lease,
+        mut row,
+        now,
+        expired,
+    }) = lock_lease(&mut tx, id).await?
+    else {
+        return nothing_recorded(RenewOutcome::NotFound);
     };
     let outcome = match domain::decide_renew(&lease, now, ttl) {
         RenewDecision::Renew { expires_at, ttl_ms } => {
@@ -208,7 +244,7 @@ pub async fn renew<B: Backend>(b: &B, id: &LeaseId, ttl: Option<Ttl>) -> StoreRe
         }
         RenewDecision::NotActive(_) => RenewOutcome::NotActive(lease),
     };
-    commit::<B, _>(tx, outcome).await
+    commit_recorded::<B, _>(tx, outcome, expired).await
 }
 
 /// Ends a live lease as released or force-released, with its event.
@@ -243,10 +279,16 @@ async fn end_lease<T: ResourceTx>(
     Ok(ended)
 }
 
-pub async fn release<B: Backend>(b: &B, id: &LeaseId) -> StoreResult<ReleaseOutcome> {
+pub async fn release<B: Backend>(b: &B, id: &LeaseId) -> StoreResult<Recorded<ReleaseOutcome>> {
     let mut tx = b.begin_write().await?;
-    let Some((lease, mut row, now)) = lock_lease(&mut tx, id).await? else {
-        return Ok(ReleaseOutcome::NotFound);
+    let Some(LockedLease {
+        lease,
+        mut row,
+        now,
+        expired,
+    }) = lock_lease(&mut tx, id).await?
+    else {
+        return nothing_recorded(ReleaseOutcome::NotFound);
     };
     let outcome = match domain::decide_release(&lease, now) {
         ReleaseDecision::Release => {
@@ -264,7 +306,7 @@ pub async fn release<B: Backend>(b: &B, id: &LeaseId) -> StoreResult<ReleaseOutc
         ReleaseDecision::AlreadyReleased => ReleaseOutcome::AlreadyReleased(lease),
         ReleaseDecision::NotActive(_) => ReleaseOutcome::NotActive(lease),
     };
-    commit::<B, _>(tx, outcome).await
+    commit_recorded::<B, _>(tx, outcome, expired).await
 }
 
 pub async fn force_release<B: Backend>(
@@ -272,10 +314,10 @@ pub async fn force_release<B: Backend>(
     name: &ResourceName,
     reason: &Reason,
     actor: &str,
-) -> StoreResult<ForceReleaseOutcome> {
+) -> StoreResult<Recorded<ForceReleaseOutcome>> {
     let mut tx = b.begin_write().await?;
     let Some((mut row, now)) = lock_existing(&mut tx, name).await? else {
-        return Ok(ForceReleaseOutcome::ResourceNotFound);
+        return nothing_recorded(ForceReleaseOutcome::ResourceNotFound);
     };
     let settled = settle(&mut tx, name, now).await?;
     let outcome = match settled.live {
@@ -294,7 +336,7 @@ pub async fn force_release<B: Backend>(
         }
         None => ForceReleaseOutcome::NotHeld,
     };
-    commit::<B, _>(tx, outcome).await
+    commit_recorded::<B, _>(tx, outcome, settled.expired).await
 }
 
 /// The fencing check, and the value write when `write` is given, in one
@@ -304,7 +346,7 @@ pub async fn fence<B: Backend>(
     name: &ResourceName,
     token: Token,
     write: Option<&ValueWrite>,
-) -> StoreResult<FenceOutcome> {
+) -> StoreResult<Recorded<FenceOutcome>> {
     let via = if write.is_some() {
         WriteVia::Store
     } else {
@@ -325,9 +367,9 @@ pub async fn fence<B: Backend>(
         };
         tx.insert_event(&rejection_event(name, &rejection, via, now))
             .await?;
-        return commit::<B, _>(tx, FenceOutcome::Rejected(rejection)).await;
+        return commit_recorded::<B, _>(tx, FenceOutcome::Rejected(rejection), None).await;
     };
-    settle(&mut tx, name, now).await?;
+    let settled = settle(&mut tx, name, now).await?;
     let own_lease = if token.get() <= row.last_token {
         tx.lease_by_token(name, token).await?
     } else {
@@ -406,7 +448,7 @@ pub async fn fence<B: Backend>(
             FenceOutcome::Rejected(rejection)
         }
     };
-    commit::<B, _>(tx, outcome).await
+    commit_recorded::<B, _>(tx, outcome, settled.expired).await
 }
 
 fn rejection_event(
@@ -438,17 +480,30 @@ fn rejection_event(
 pub async fn expire_due_leases<B: Backend>(b: &B, limit: i64) -> StoreResult<Vec<Lease>> {
     let mut expired = Vec::new();
     for name in b.due_resources(limit).await? {
-        let mut tx = b.begin_write().await?;
-        let Some((_, now)) = lock_existing(&mut tx, &name).await? else {
-            continue;
-        };
-        // Another instance (or an acquire) may have settled it already; then
-        // there is nothing left to record.
-        let settled = settle(&mut tx, &name, now).await?;
-        B::commit(tx).await?;
-        expired.extend(settled.expired);
+        match expire_one(b, &name).await {
+            Ok(lease) => expired.extend(lease),
+            // Expiries already committed must still be reported (they are
+            // counted once, here); the rest wait for the next sweep.
+            Err(err) if !expired.is_empty() => {
+                tracing::warn!(error = %err, "expiry sweep stopped early");
+                break;
+            }
+            Err(err) => return Err(err),
+        }
     }
     Ok(expired)
+}
+
+async fn expire_one<B: Backend>(b: &B, name: &ResourceName) -> StoreResult<Option<Lease>> {
+    let mut tx = b.begin_write().await?;
+    let Some((_, now)) = lock_existing(&mut tx, name).await? else {
+        return Ok(None);
+    };
+    // Another instance (or an acquire) may have settled it already; then
+    // there is nothing left to record.
+    let settled = settle(&mut tx, name, now).await?;
+    B::commit(tx).await?;
+    Ok(settled.expired)
 }
 
 pub async fn lease<B: Backend>(b: &B, id: &LeaseId) -> StoreResult<Option<(Lease, DateTime<Utc>)>> {
@@ -477,4 +532,11 @@ pub async fn value<B: Backend>(b: &B, name: &ResourceName) -> StoreResult<Option
     let value = tx.value(name).await?;
     B::commit(tx).await?;
     Ok(value)
+}
+
+pub async fn db_now<B: Backend>(b: &B) -> StoreResult<DateTime<Utc>> {
+    let mut tx = b.begin_read().await?;
+    let now = tx.now().await?;
+    B::commit(tx).await?;
+    Ok(now)
 }

@@ -14,7 +14,9 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Postgres, QueryBuilder, Transaction};
 
 use super::rows::{EventRow, LeaseRow, ResourceDbRow, ValueRow, into_lease};
-use super::types::{Event, EventFilter, NewEvent, ResourceRow, StoredValue};
+use super::types::{
+    Event, EventCursor, EventFilter, NewEvent, PruneBatch, ResourceRow, StoredValue,
+};
 use super::{Backend, ResourceTx, StoreError, StoreResult};
 use crate::domain::{Lease, LeaseId, ResourceName, Token};
 
@@ -131,6 +133,62 @@ impl Backend for PgBackend {
             .into_iter()
             .map(|n| ResourceName::parse(n).map_err(|e| StoreError::Corrupt(e.to_string())))
             .collect()
+    }
+
+    async fn count_active_leases(&self) -> StoreResult<i64> {
+        Ok(sqlx::query_scalar(
+            "SELECT count(*) FROM leases WHERE state = 'active' AND expires_at > clock_timestamp()",
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    async fn prune_events_batch(
+        &self,
+        cutoff: DateTime<Utc>,
+        after: Option<EventCursor>,
+        limit: i64,
+    ) -> StoreResult<PruneBatch> {
+        let mut tx = self.pool.begin().await?;
+        let mut q = QueryBuilder::<Postgres>::new("SELECT id, at FROM events WHERE at < ");
+        q.push_bind(cutoff);
+        if let Some(c) = after {
+            q.push(" AND (at, id) > (")
+                .push_bind(c.at)
+                .push(", ")
+                .push_bind(c.id)
+                .push(")");
+        }
+        q.push(" ORDER BY at, id LIMIT ").push_bind(limit);
+        let batch: Vec<(i64, DateTime<Utc>)> = q.build_query_as().fetch_all(&mut *tx).await?;
+        let Some(&(last_id, last_at)) = batch.last() else {
+            tx.commit().await?;
+            return Ok(PruneBatch {
+                scanned_up_to: None,
+                scanned: 0,
+                deleted: 0,
+            });
+        };
+        let ids: Vec<i64> = batch.iter().map(|(id, _)| *id).collect();
+        // A resource's newest event stays whatever its age: the log keeps
+        // the last thing that happened to every resource.
+        let deleted = sqlx::query(
+            "DELETE FROM events AS e WHERE e.id = ANY($1) AND e.id < \
+             (SELECT max(newest.id) FROM events AS newest WHERE newest.resource = e.resource)",
+        )
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(PruneBatch {
+            scanned_up_to: Some(EventCursor {
+                at: last_at,
+                id: last_id,
+            }),
+            scanned: batch.len(),
+            deleted,
+        })
     }
 
     async fn ping(&self) -> StoreResult<()> {

@@ -14,7 +14,9 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{QueryBuilder, Sqlite, SqlitePool, Transaction};
 
 use super::rows::{EventRow, LeaseRow, ResourceDbRow, ValueRow, into_lease, unix_ms};
-use super::types::{Event, EventFilter, NewEvent, ResourceRow, StoredValue};
+use super::types::{
+    Event, EventCursor, EventFilter, NewEvent, PruneBatch, ResourceRow, StoredValue,
+};
 use super::{Backend, ResourceTx, StoreError, StoreResult};
 use crate::domain::{Lease, LeaseId, ResourceName, Token};
 
@@ -100,6 +102,61 @@ impl Backend for SqliteBackend {
             .into_iter()
             .map(|n| ResourceName::parse(n).map_err(|e| StoreError::Corrupt(e.to_string())))
             .collect()
+    }
+
+    async fn count_active_leases(&self) -> StoreResult<i64> {
+        let sql =
+            format!("SELECT count(*) FROM leases WHERE state = 'active' AND expires_at > {NOW_MS}");
+        Ok(sqlx::query_scalar(&sql).fetch_one(&self.readers).await?)
+    }
+
+    async fn prune_events_batch(
+        &self,
+        cutoff: DateTime<Utc>,
+        after: Option<EventCursor>,
+        limit: i64,
+    ) -> StoreResult<PruneBatch> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        let mut q = QueryBuilder::<Sqlite>::new("SELECT id, at FROM events WHERE at < ");
+        q.push_bind(unix_ms(cutoff));
+        if let Some(c) = after {
+            q.push(" AND (at, id) > (")
+                .push_bind(unix_ms(c.at))
+                .push(", ")
+                .push_bind(c.id)
+                .push(")");
+        }
+        q.push(" ORDER BY at, id LIMIT ").push_bind(limit);
+        let batch: Vec<(i64, i64)> = q.build_query_as().fetch_all(&mut *tx).await?;
+        let Some(&(last_id, last_at)) = batch.last() else {
+            tx.commit().await?;
+            return Ok(PruneBatch {
+                scanned_up_to: None,
+                scanned: 0,
+                deleted: 0,
+            });
+        };
+        // A resource's newest event stays whatever its age: the log keeps
+        // the last thing that happened to every resource.
+        let mut delete = QueryBuilder::<Sqlite>::new("DELETE FROM events WHERE id IN (");
+        let mut ids = delete.separated(", ");
+        for (id, _) in &batch {
+            ids.push_bind(*id);
+        }
+        delete.push(
+            ") AND id < (SELECT max(newest.id) FROM events AS newest \
+             WHERE newest.resource = events.resource)",
+        );
+        let deleted = delete.build().execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(PruneBatch {
+            scanned_up_to: Some(EventCursor {
+                at: super::rows::DbTime::to_utc(last_at)?,
+                id: last_id,
+            }),
+            scanned: batch.len(),
+            deleted,
+        })
     }
 
     async fn ping(&self) -> StoreResult<()> {

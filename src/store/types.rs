@@ -37,6 +37,17 @@ pub struct AcquireRequest {
     pub lease_id: LeaseId,
 }
 
+/// A write's outcome, with the expiry it recorded on the way: every write
+/// first settles its resource, recording the expiry of a lease it finds past
+/// its deadline (`ops::settle`). Exactly one operation in the cluster records
+/// each expiry, so counting `expired` wherever it is reported counts each
+/// expiry once.
+#[derive(Debug, Clone)]
+pub struct Recorded<T> {
+    pub outcome: T,
+    pub expired: Option<Lease>,
+}
+
 #[derive(Debug, Clone)]
 pub enum AcquireOutcome {
     Granted {
@@ -169,4 +180,21 @@ pub struct EventFilter {
     /// Only events with an id greater than this.
     pub after: i64,
     pub limit: i64,
+}
+
+/// A position in the event log in retention order (oldest `at` first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventCursor {
+    pub at: DateTime<Utc>,
+    pub id: i64,
+}
+
+/// What one retention batch did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PruneBatch {
+    /// The last event the batch looked at; `None` when nothing older than the
+    /// cutoff is left after the cursor.
+    pub scanned_up_to: Option<EventCursor>,
+    pub scanned: usize,
+    pub deleted: u64,
 }

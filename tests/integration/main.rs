@@ -12,4 +12,6 @@ mod fencing;
 mod history;
 mod lifecycle;
 mod locks;
+mod metrics;
 mod restart;
+mod retention;

@@ -24,19 +24,16 @@ pub struct AcquireBody {
     request_id: Option<String>,
 }
 
+/// Extractor failures arrive as values (not early rejections) so a refused
+/// request is counted as an `invalid` acquire.
 pub async fn acquire(
     State(state): State<AppState>,
-    ResourcePath(resource): ResourcePath,
-    ApiJson(body): ApiJson<AcquireBody>,
+    path: Result<ResourcePath, ApiError>,
+    body: Result<ApiJson<AcquireBody>, ApiError>,
 ) -> Result<Response, ApiError> {
-    let request = AcquireRequest {
-        resource,
-        holder: Holder::parse(body.holder)?,
-        ttl: Ttl::from_millis(body.ttl_ms, state.service.limits().max_ttl)?,
-        request_id: body.request_id.map(RequestId::parse).transpose()?,
-        lease_id: LeaseId::generate(),
-    };
-    let wait = WaitTime::from_millis(body.wait_ms)?;
+    let (request, wait) = acquire_request(&state, path, body).inspect_err(|_| {
+        state.service.metrics().acquire_invalid();
+    })?;
     let acquired = state.service.acquire(request, wait).await?;
     match acquired.outcome {
         AcquireOutcome::Granted { lease, .. } | AcquireOutcome::Existing(lease) => {
@@ -55,6 +52,23 @@ pub async fn acquire(
             }),
         )),
     }
+}
+
+fn acquire_request(
+    state: &AppState,
+    path: Result<ResourcePath, ApiError>,
+    body: Result<ApiJson<AcquireBody>, ApiError>,
+) -> Result<(AcquireRequest, WaitTime), ApiError> {
+    let ResourcePath(resource) = path?;
+    let ApiJson(body) = body?;
+    let request = AcquireRequest {
+        resource,
+        holder: Holder::parse(body.holder)?,
+        ttl: Ttl::from_millis(body.ttl_ms, state.service.limits().max_ttl)?,
+        request_id: body.request_id.map(RequestId::parse).transpose()?,
+        lease_id: LeaseId::generate(),
+    };
+    Ok((request, WaitTime::from_millis(body.wait_ms)?))
 }
 
 fn lease_not_found() -> ApiError {
