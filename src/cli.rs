@@ -25,6 +25,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Apply database migrations and exit.
     Migrate(DatabaseArgs),
+    /// Drive a running server with concurrent clients and report its speed.
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Args)]

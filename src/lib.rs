@@ -1,6 +1,7 @@
 //! Palisade: a lock service with fencing tokens.
 
 pub mod app;
+pub mod bench;
 pub mod cli;
 pub mod domain;
 pub mod http;

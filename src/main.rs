@@ -25,5 +25,6 @@ async fn main() -> anyhow::Result<()> {
             store.close().await;
             Ok(())
         }
+        Command::Bench(args) => palisade::bench::main(args).await,
     }
 }

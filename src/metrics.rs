@@ -33,8 +33,8 @@ const HOLD_BUCKETS: &[f64] = &[
 /// Time left at renewal: the low end (under a second) is where holders are
 /// about to lose their leases, so it is finely divided.
 const MARGIN_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-    900.0, 3600.0,
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+    3600.0,
 ];
 /// How late a stale write arrived after its lease ended.
 const LATENESS_BUCKETS: &[f64] = &[
@@ -225,7 +225,10 @@ impl Metrics {
         let build_info = register(
             &r,
             IntGaugeVec::new(
-                Opts::new("palisade_build_info", "Always 1; the version is in the label."),
+                Opts::new(
+                    "palisade_build_info",
+                    "Always 1; the version is in the label.",
+                ),
                 &["version"],
             )?,
         )?;
@@ -344,7 +347,10 @@ impl Metrics {
     }
 
     pub fn acquire_held(&self) {
-        self.inner.acquire_requests.with_label_values(&["held"]).inc();
+        self.inner
+            .acquire_requests
+            .with_label_values(&["held"])
+            .inc();
     }
 
     pub fn acquire_invalid(&self) {
@@ -361,10 +367,7 @@ impl Metrics {
     }
 
     pub fn renewal_refused(&self) {
-        self.inner
-            .renewals
-            .with_label_values(&["not_active"])
-            .inc();
+        self.inner.renewals.with_label_values(&["not_active"]).inc();
     }
 
     pub fn released(&self, lease: &Lease) {

@@ -30,7 +30,10 @@ async fn exposition(State(state): State<AppState>) -> Result<Response, ApiError>
         )
     })?;
     Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         text,
     )
         .into_response())

@@ -7,6 +7,7 @@
 mod support;
 
 mod bad_input;
+mod bench;
 mod concurrency;
 mod fencing;
 mod history;

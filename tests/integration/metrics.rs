@@ -209,7 +209,10 @@ async fn lock_outcomes_are_counted(backend: Backend) {
         "renewed with ~30 s left: {margin}"
     );
     // Released and force-released leases were held.
-    assert_eq!(m.value("palisade_lease_hold_duration_seconds_count", &[]), 2.0);
+    assert_eq!(
+        m.value("palisade_lease_hold_duration_seconds_count", &[]),
+        2.0
+    );
     assert_eq!(m.value("palisade_acquire_wait_seconds_count", &[]), 2.0);
     assert_eq!(
         m.value(
@@ -224,7 +227,11 @@ async fn lock_outcomes_are_counted(backend: Backend) {
     let by_route = |route, method, class| {
         m.value(
             renew_route,
-            &[("method", method), ("route", route), ("status_class", class)],
+            &[
+                ("method", method),
+                ("route", route),
+                ("status_class", class),
+            ],
         )
     };
     assert_eq!(by_route("/v1/leases/{lease_id}/renew", "POST", "2xx"), 1.0);
@@ -263,7 +270,11 @@ async fn unmatched_paths_and_odd_methods_have_bounded_labels(backend: Backend) {
     let count = |route, method, class| {
         m.value(
             "palisade_http_request_duration_seconds_count",
-            &[("method", method), ("route", route), ("status_class", class)],
+            &[
+                ("method", method),
+                ("route", route),
+                ("status_class", class),
+            ],
         )
     };
     assert_eq!(count("<unmatched>", "GET", "4xx"), 3.0);
@@ -300,7 +311,11 @@ async fn every_operation_counts_the_expiry_it_records(backend: Backend) {
                 .json(&json!({"reason": "test"})),
         )
         .await;
-    assert_eq!(status, StatusCode::CONFLICT, "nothing live to force-release");
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "nothing live to force-release"
+    );
     assert!(expected(4.0)(&Scrape::of(&s).await));
     s.acquire("r5", "next", 30_000).await;
     let m = Scrape::of(&s).await;
@@ -311,7 +326,10 @@ async fn every_operation_counts_the_expiry_it_records(backend: Backend) {
     let m = Scrape::of(&s).await;
     assert!(expected(5.0)(&m));
     // Each expired lease was held for its whole 150 ms TTL.
-    assert_eq!(m.value("palisade_lease_hold_duration_seconds_count", &[]), 5.0);
+    assert_eq!(
+        m.value("palisade_lease_hold_duration_seconds_count", &[]),
+        5.0
+    );
     let held = m.value("palisade_lease_hold_duration_seconds_sum", &[]);
     assert!((held - 0.75).abs() < 0.01, "5 × 150 ms, got {held}");
     let events = s.all_events(None).await;
@@ -387,7 +405,10 @@ async fn resource_groups_label_stale_writes_and_expiries(backend: Backend) {
     assert_eq!(stale("reports"), 1.0);
     assert_eq!(stale("other"), 1.0, "the third group is over the cap");
     let expired = |g| m.value("palisade_lease_expirations_total", &[("resource_group", g)]);
-    assert_eq!(expired("billing") + expired("reports") + expired("other"), 4.0);
+    assert_eq!(
+        expired("billing") + expired("reports") + expired("other"),
+        4.0
+    );
     assert!(!m.text.contains("search"));
     // The unlabelled series does not exist in this mode.
     assert!(!m.text.contains("palisade_stale_writes_total 0"));
@@ -435,7 +456,10 @@ async fn two_instances_count_each_expiry_once() {
         if total == LEASES as f64 {
             break;
         }
-        assert!(total < LEASES as f64, "an expiry was counted twice: {total}");
+        assert!(
+            total < LEASES as f64,
+            "an expiry was counted twice: {total}"
+        );
         assert!(Instant::now() < deadline, "only {total} expiries counted");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
