@@ -20,20 +20,21 @@ impl Latency {
     pub fn of(samples: &mut [Duration]) -> Self {
         samples.sort_unstable();
         Self {
-            p50: percentile(samples, 50.0),
-            p99: percentile(samples, 99.0),
-            p999: percentile(samples, 99.9),
+            p50: percentile(samples, 500),
+            p99: percentile(samples, 990),
+            p999: percentile(samples, 999),
             max: samples.last().copied().unwrap_or_default(),
         }
     }
 }
 
-/// The nearest-rank percentile of sorted `samples` (zero when empty).
-fn percentile(sorted: &[Duration], pct: f64) -> Duration {
+/// The nearest-rank quantile of sorted `samples`, in thousandths (integer
+/// arithmetic: `0.999 * 1000` in floating point rounds up a rank).
+fn percentile(sorted: &[Duration], permille: usize) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
-    let rank = (pct / 100.0 * sorted.len() as f64).ceil() as usize;
+    let rank = (permille * sorted.len()).div_ceil(1000);
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
