@@ -103,38 +103,51 @@ impl LockService {
     }
 
     /// Acquires, waiting up to `wait` while someone else holds the resource.
-    /// A waiter wakes when a lease on the resource ends (here or, on
-    /// PostgreSQL, in any instance) or when the holder's deadline passes.
+    ///
+    /// Waiters on one resource queue up first come first served: only the
+    /// head of the queue retries, when a lease on the resource ends (here
+    /// or, on PostgreSQL, in any instance) or when the holder's deadline
+    /// passes; the others stay parked until the head leaves. A waiter still
+    /// queued at its own deadline makes one last attempt, so its answer
+    /// names the current holder.
     pub async fn acquire(
         &self,
         req: AcquireRequest,
         wait: WaitTime,
     ) -> Result<Acquired, ServiceError> {
         let started = Instant::now();
-        let deadline = started + wait.as_duration();
-        // Subscribe before the first attempt so no ending slips between.
-        let mut subscription =
-            (!wait.as_duration().is_zero()).then(|| self.waiters.subscribe(req.resource.as_str()));
-        loop {
+        if wait.as_duration().is_zero() {
             let outcome = self.settled(self.store.acquire(&req).await?);
-            let (AcquireOutcome::Held { holder, now }, Some(sub)) =
-                (&outcome, subscription.as_mut())
-            else {
-                return Ok(self.acquired(outcome, started.elapsed()));
-            };
-            let local_now = Instant::now();
-            if local_now >= deadline {
-                return Ok(self.acquired(outcome, started.elapsed()));
-            }
-            // Retry just after the holder's deadline even if nobody records
-            // the expiry: the acquire itself settles it.
-            let until_expiry =
-                (holder.expires_at - *now).to_std().unwrap_or_default() + Duration::from_millis(1);
-            let wake_at = deadline.min(local_now + until_expiry);
+            return Ok(self.acquired(outcome, started.elapsed()));
+        }
+        let deadline = started + wait.as_duration();
+        // Queue up before the first attempt so no ending slips between.
+        let mut ticket = self.waiters.enqueue(req.resource.as_str());
+        let mut retry_at = deadline;
+        loop {
             tokio::select! {
-                () = sub.lease_ended() => {}
-                () = tokio::time::sleep_until(wake_at) => {}
+                () = ticket.turn() => {}
+                () = tokio::time::sleep_until(retry_at) => {}
                 () = self.shutdown.cancelled() => return Err(ServiceError::ShuttingDown),
+            }
+            // An error drops the ticket unserved, which passes the turn on.
+            let outcome = self.settled(self.store.acquire(&req).await?);
+            let local_now = Instant::now();
+            match &outcome {
+                AcquireOutcome::Held { holder, now } if local_now < deadline => {
+                    // Retry just after the holder's deadline even if nobody
+                    // records the expiry: the acquire itself settles it.
+                    let until_expiry = (holder.expires_at - *now).to_std().unwrap_or_default()
+                        + Duration::from_millis(1);
+                    retry_at = deadline.min(local_now + until_expiry);
+                }
+                AcquireOutcome::Held { .. } => {
+                    return Ok(self.acquired(outcome, started.elapsed()));
+                }
+                AcquireOutcome::Granted { .. } | AcquireOutcome::Existing(_) => {
+                    ticket.served();
+                    return Ok(self.acquired(outcome, started.elapsed()));
+                }
             }
         }
     }

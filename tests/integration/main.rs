@@ -9,6 +9,7 @@ mod support;
 mod bad_input;
 mod bench;
 mod concurrency;
+mod fairness;
 mod fencing;
 mod history;
 mod lifecycle;
