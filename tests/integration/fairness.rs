@@ -13,12 +13,16 @@ use crate::history;
 use crate::on_both_backends;
 use crate::support::{Backend, Harness, TestDb, TestServer};
 
-/// Stops the shared server once every task has let go of it.
-async fn finish(server: Arc<TestServer>, db: TestDb) {
+/// Stops a shared server once every task has let go of it.
+async fn stop(server: Arc<TestServer>) {
     let Ok(server) = Arc::try_unwrap(server) else {
         panic!("a task still holds the server");
     };
     server.stop().await;
+}
+
+async fn finish(server: Arc<TestServer>, db: TestDb) {
+    stop(server).await;
     db.drop_db().await;
 }
 
@@ -154,3 +158,49 @@ on_both_backends!(
     no_waiter_starves_on_a_hot_resource,
     a_crowd_of_waiters_is_served_in_full,
 );
+
+/// A queue on one instance is handed the resource by releases made through
+/// another (LISTEN/NOTIFY wakes the head), not by TTLs running out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_on_one_instance_is_served_by_releases_on_another() {
+    const WAITERS: usize = 5;
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let db = TestDb::create(&backend).await;
+    let a = Arc::new(TestServer::start(&db.url).await);
+    let b = Arc::new(TestServer::start(&db.url).await);
+    let first = a.acquire("shared", "on-a", 60_000).await;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let (a, b) = (a.clone(), b.clone());
+        tasks.push(tokio::spawn(async move {
+            // Queued on B, holding for 60 s unless released through A.
+            let (status, lease) = b
+                .post(
+                    "/v1/resources/shared/acquire",
+                    json!({"holder": format!("on-b-{i}"), "ttl_ms": 60_000, "wait_ms": 30_000}),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "waiter {i}: {lease}");
+            let (status, _) = a.release(&lease).await;
+            assert_eq!(status, StatusCode::OK);
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.release(&first).await;
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "waiters were served by deadlines, not releases: {:?}",
+        started.elapsed()
+    );
+    let (problems, tally) = history::check(&a.all_events(Some("shared")).await);
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert_eq!(tally.count("acquired"), WAITERS + 1);
+    stop(a).await;
+    finish(b, db).await;
+}
