@@ -15,8 +15,8 @@ use crate::domain::{Lease, LeaseId, Reason, ResourceName, Token, Ttl, WaitTime};
 use crate::metrics::Metrics;
 use crate::store::{
     AcquireOutcome, AcquireRequest, Event, EventFilter, FenceOutcome, ForceReleaseOutcome,
-    Recorded, ReleaseOutcome, RenewOutcome, ResourceView, Store, StoreError, StoredValue,
-    ValueWrite, WriteVia,
+    GroupCommit, Recorded, ReleaseOutcome, RenewOutcome, ResourceView, Store, StoreError,
+    StoreResult, StoredValue, ValueWrite, WriteVia,
 };
 use crate::waiters::Waiters;
 
@@ -58,6 +58,8 @@ pub struct LockService {
     limits: Limits,
     shutdown: CancellationToken,
     metrics: Metrics,
+    /// When set, writes go through shared batch transactions.
+    group_commit: Option<GroupCommit>,
 }
 
 impl LockService {
@@ -73,6 +75,62 @@ impl LockService {
             limits,
             shutdown,
             metrics,
+            group_commit: None,
+        }
+    }
+
+    /// Sends every write through `group_commit`'s batch transactions.
+    pub fn with_group_commit(mut self, group_commit: GroupCommit) -> Self {
+        self.group_commit = Some(group_commit);
+        self
+    }
+
+    async fn store_acquire(&self, req: &AcquireRequest) -> StoreResult<Recorded<AcquireOutcome>> {
+        match &self.group_commit {
+            Some(batched) => batched.acquire(req).await,
+            None => self.store.acquire(req).await,
+        }
+    }
+
+    async fn store_renew(
+        &self,
+        id: &LeaseId,
+        ttl: Option<Ttl>,
+    ) -> StoreResult<Recorded<RenewOutcome>> {
+        match &self.group_commit {
+            Some(batched) => batched.renew(id, ttl).await,
+            None => self.store.renew(id, ttl).await,
+        }
+    }
+
+    async fn store_release(&self, id: &LeaseId) -> StoreResult<Recorded<ReleaseOutcome>> {
+        match &self.group_commit {
+            Some(batched) => batched.release(id).await,
+            None => self.store.release(id).await,
+        }
+    }
+
+    async fn store_force_release(
+        &self,
+        name: &ResourceName,
+        reason: &Reason,
+        actor: &str,
+    ) -> StoreResult<Recorded<ForceReleaseOutcome>> {
+        match &self.group_commit {
+            Some(batched) => batched.force_release(name, reason, actor).await,
+            None => self.store.force_release(name, reason, actor).await,
+        }
+    }
+
+    async fn store_fence(
+        &self,
+        name: &ResourceName,
+        token: Token,
+        write: Option<&ValueWrite>,
+    ) -> StoreResult<Recorded<FenceOutcome>> {
+        match &self.group_commit {
+            Some(batched) => batched.fence(name, token, write).await,
+            None => self.store.fence(name, token, write).await,
         }
     }
 
@@ -117,7 +175,7 @@ impl LockService {
     ) -> Result<Acquired, ServiceError> {
         let started = Instant::now();
         if wait.as_duration().is_zero() {
-            let outcome = self.settled(self.store.acquire(&req).await?);
+            let outcome = self.settled(self.store_acquire(&req).await?);
             return Ok(self.acquired(outcome, started.elapsed()));
         }
         let deadline = started + wait.as_duration();
@@ -131,7 +189,7 @@ impl LockService {
                 () = self.shutdown.cancelled() => return Err(ServiceError::ShuttingDown),
             }
             // An error drops the ticket unserved, which passes the turn on.
-            let outcome = self.settled(self.store.acquire(&req).await?);
+            let outcome = self.settled(self.store_acquire(&req).await?);
             let local_now = Instant::now();
             match &outcome {
                 AcquireOutcome::Held { holder, now } if local_now < deadline => {
@@ -168,7 +226,7 @@ impl LockService {
         id: &LeaseId,
         ttl: Option<Ttl>,
     ) -> Result<RenewOutcome, ServiceError> {
-        let outcome = self.settled(self.store.renew(id, ttl).await?);
+        let outcome = self.settled(self.store_renew(id, ttl).await?);
         match &outcome {
             RenewOutcome::Renewed { margin_ms, .. } => self.metrics.renewed(*margin_ms),
             RenewOutcome::NotActive(_) => self.metrics.renewal_refused(),
@@ -178,7 +236,7 @@ impl LockService {
     }
 
     pub async fn release(&self, id: &LeaseId) -> Result<ReleaseOutcome, ServiceError> {
-        let outcome = self.settled(self.store.release(id).await?);
+        let outcome = self.settled(self.store_release(id).await?);
         if let ReleaseOutcome::Released(lease) = &outcome {
             self.metrics.released(lease);
             self.waiters.lease_ended(lease.resource.as_str());
@@ -192,7 +250,7 @@ impl LockService {
         reason: &Reason,
         actor: &str,
     ) -> Result<ForceReleaseOutcome, ServiceError> {
-        let outcome = self.settled(self.store.force_release(name, reason, actor).await?);
+        let outcome = self.settled(self.store_force_release(name, reason, actor).await?);
         if let ForceReleaseOutcome::Released(lease) = &outcome {
             self.metrics.force_released(lease);
             self.waiters.lease_ended(lease.resource.as_str());
@@ -205,7 +263,7 @@ impl LockService {
         name: &ResourceName,
         token: Token,
     ) -> Result<FenceOutcome, ServiceError> {
-        let outcome = self.settled(self.store.fence(name, token, None).await?);
+        let outcome = self.settled(self.store_fence(name, token, None).await?);
         self.metrics.fenced(name, WriteVia::Fence, &outcome);
         Ok(outcome)
     }
@@ -217,7 +275,7 @@ impl LockService {
         token: Token,
         value: ValueWrite,
     ) -> Result<FenceOutcome, ServiceError> {
-        let outcome = self.settled(self.store.fence(name, token, Some(&value)).await?);
+        let outcome = self.settled(self.store_fence(name, token, Some(&value)).await?);
         self.metrics.fenced(name, WriteVia::Store, &outcome);
         Ok(outcome)
     }

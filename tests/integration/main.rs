@@ -11,6 +11,7 @@ mod bench;
 mod concurrency;
 mod fairness;
 mod fencing;
+mod group_commit;
 mod history;
 mod lifecycle;
 mod locks;
