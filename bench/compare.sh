@@ -6,6 +6,9 @@
 #
 #   bench/compare.sh                 # 10 s per run, 32 clients
 #   DURATION=5 bench/compare.sh      # quicker, noisier
+#   SERVE_ARGS=--group-commit bench/compare.sh   # extra `palisade serve` options
+#   SCENARIOS="cycle hot" BASELINES_TOO=no bench/compare.sh   # Palisade only
+#   PALISADE_BIN=/tmp/palisade-old bench/compare.sh               # another build
 #
 # Needs: cargo, curl, jq, psql/createdb/pgbench, a PostgreSQL at $PG_HOST
 # (user postgres, trust auth). etcd is optional: install it with
@@ -22,6 +25,9 @@ PG_PORT=${PG_PORT:-5432}
 PG_BENCH_DB=palisade_bench
 PG_BASELINE_DB=palisade_baseline
 PORT=${PORT:-17070}
+SERVE_ARGS=${SERVE_ARGS:-}
+SCENARIOS=${SCENARIOS:-cycle acquire hot renew write stale mixed}
+BASELINES_TOO=${BASELINES_TOO:-yes}
 ETCD_PORT=32379
 
 WORK=$(mktemp -d /tmp/palisade-compare.XXXXXX)
@@ -42,14 +48,19 @@ record() { printf '%s\t%s\n' "$1" "$2" >>"$RESULTS"; }
 value() { awk -F'\t' -v k="$1" '$1 == k { v = $2 } END { print v }' "$RESULTS"; }
 psql_q() { psql -q -X -v ON_ERROR_STOP=1 -h "$PG_HOST" -p "$PG_PORT" -U postgres "$@"; }
 
-say "building (release)"
-(cd "$ROOT" && cargo build --release --quiet)
-PALISADE=$ROOT/target/release/palisade
+# PALISADE_BIN runs a binary built elsewhere (e.g. an older commit).
+if [[ -n ${PALISADE_BIN:-} ]]; then
+  PALISADE=$PALISADE_BIN
+else
+  say "building (release)"
+  (cd "$ROOT" && cargo build --release --quiet)
+  PALISADE=$ROOT/target/release/palisade
+fi
 
 start_server() {
   local url=$1
   RUST_LOG=warn "$PALISADE" serve --listen "127.0.0.1:$PORT" --database-url "$url" \
-    --admin-token compare-admin >"$WORK/server.log" 2>&1 &
+    --admin-token compare-admin $SERVE_ARGS >"$WORK/server.log" 2>&1 & # split on purpose
   SERVER_PID=$!
   for _ in $(seq 1 100); do
     curl -fs "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && return 0
@@ -86,11 +97,13 @@ bench_run() {
 
 palisade_suite() {
   local backend=$1
-  for scenario in cycle acquire hot renew write stale mixed; do
+  for scenario in $SCENARIOS; do
     bench_run "$backend" "$scenario" "$CLIENTS"
   done
-  bench_run "$backend" acquire 1
-  bench_run "$backend" cycle 64
+  if [[ $BASELINES_TOO == yes ]]; then
+    bench_run "$backend" acquire 1
+    bench_run "$backend" cycle 64
+  fi
 }
 
 say "Palisade on SQLite (WAL, synchronous=FULL)"
@@ -127,6 +140,13 @@ pgbench_run() {
 reset_resources() {
   psql_q -d "$PG_BASELINE_DB" -c "UPDATE resources SET holder = NULL, expires_at = NULL" >/dev/null
 }
+
+if [[ $BASELINES_TOO != yes ]]; then
+  say "results"
+  cat "$RESULTS"
+  [[ -n ${KEEP_RESULTS:-} ]] && cp "$RESULTS" "$KEEP_RESULTS.tsv"
+  exit 0
+fi
 
 say "pgbench baselines (database $PG_BASELINE_DB)"
 psql_q -d postgres -c "DROP DATABASE IF EXISTS $PG_BASELINE_DB WITH (FORCE)"
