@@ -118,6 +118,7 @@ psql_q -d postgres -c "ALTER DATABASE $PG_BENCH_DB SET synchronous_commit = on"
 start_server "postgres://postgres@$PG_HOST:$PG_PORT/$PG_BENCH_DB"
 palisade_suite postgres
 stop_server
+psql_q -d postgres -c "DROP DATABASE IF EXISTS $PG_BENCH_DB WITH (FORCE)"
 
 # pgbench_run NAME CLIENTS SCRIPT DEFINES...: runs one baseline script.
 pgbench_run() {
