@@ -145,7 +145,7 @@ reset_resources() {
 if [[ $BASELINES_TOO != yes ]]; then
   say "results"
   cat "$RESULTS"
-  [[ -n ${KEEP_RESULTS:-} ]] && cp "$RESULTS" "$KEEP_RESULTS.tsv"
+  [[ -n ${KEEP_RESULTS:-} ]] && cp "$RESULTS" "$KEEP_RESULTS.tsv" && cp "$WORK/palisade.jsonl" "$KEEP_RESULTS.jsonl"
   exit 0
 fi
 
