@@ -19,7 +19,7 @@ use crate::http::{self, AppState};
 use crate::metrics::{self, Metrics, MetricsConfig};
 use crate::retention::{self, RetentionConfig};
 use crate::service::{self, Limits, LockService};
-use crate::store::Store;
+use crate::store::{GroupCommit, GroupCommitConfig, Store};
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -42,6 +42,8 @@ pub struct Config {
     pub metrics_refresh: Duration,
     /// `None` keeps events forever.
     pub event_retention: Option<RetentionConfig>,
+    /// Batch concurrent writes into shared transactions (off by default).
+    pub group_commit: Option<GroupCommitConfig>,
 }
 
 impl Config {
@@ -63,6 +65,7 @@ impl Config {
             event_retention: Some(RetentionConfig::with_max_age(Duration::from_secs(
                 u64::from(RetentionConfig::DEFAULT_DAYS) * 86_400,
             ))),
+            group_commit: None,
         }
     }
 }
@@ -109,7 +112,10 @@ impl App {
         };
         let metrics =
             Metrics::new(&config.metrics).context("cannot register the Prometheus metrics")?;
-        let service = LockService::new(store.clone(), limits, stop.clone(), metrics);
+        let mut service = LockService::new(store.clone(), limits, stop.clone(), metrics);
+        if let Some(group_commit) = config.group_commit {
+            service = service.with_group_commit(GroupCommit::start(&store, group_commit));
+        }
         Ok(Self {
             listener,
             state: AppState {

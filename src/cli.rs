@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::app::Config;
 use crate::metrics::{MetricsConfig, ResourceGroupConfig};
 use crate::retention::RetentionConfig;
+use crate::store::GroupCommitConfig;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -36,6 +37,8 @@ pub enum Command {
     #[cfg(feature = "client")]
     #[command(flatten)]
     Client(crate::commands::ClientCommand),
+    /// Drive a running server with concurrent clients and report its speed.
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -103,6 +106,17 @@ pub struct ServeArgs {
     /// Events older than this many days are pruned; 0 keeps them forever.
     #[arg(long, env = "PALISADE_EVENT_RETENTION_DAYS", default_value_t = RetentionConfig::DEFAULT_DAYS)]
     pub event_retention_days: u32,
+    /// Experimental: batch concurrent writes into shared transactions
+    /// (group commit). Each request is still answered only after its
+    /// batch commits.
+    #[arg(long, env = "PALISADE_GROUP_COMMIT")]
+    pub group_commit: bool,
+    /// Concurrent batch transactions on PostgreSQL (SQLite always uses one).
+    #[arg(long, env = "PALISADE_GROUP_COMMIT_WRITERS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub group_commit_writers: u64,
+    /// Most requests in one batch.
+    #[arg(long, env = "PALISADE_GROUP_COMMIT_MAX_BATCH", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub group_commit_max_batch: u64,
 }
 
 impl ServeArgs {
@@ -130,6 +144,10 @@ impl ServeArgs {
                 RetentionConfig::with_max_age(Duration::from_secs(
                     u64::from(self.event_retention_days) * 86_400,
                 ))
+            }),
+            group_commit: self.group_commit.then(|| GroupCommitConfig {
+                writers: usize::try_from(self.group_commit_writers).unwrap_or(1),
+                max_batch: usize::try_from(self.group_commit_max_batch).unwrap_or(1),
             }),
         }
     }

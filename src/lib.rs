@@ -1,6 +1,7 @@
 //! Palisade: a lock service with fencing tokens.
 
 pub mod app;
+pub mod bench;
 pub mod cli;
 #[cfg(feature = "client")]
 pub mod client;

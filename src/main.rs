@@ -37,5 +37,6 @@ async fn main() -> anyhow::Result<()> {
         Command::TortureWorker(args) => palisade::torture::worker::run(args).await,
         #[cfg(feature = "client")]
         Command::Client(command) => std::process::exit(palisade::commands::execute(command).await),
+        Command::Bench(args) => palisade::bench::main(args).await,
     }
 }

@@ -17,8 +17,8 @@ use crate::domain::{Lease, LeaseId, Reason, ResourceName, Token, Ttl, WaitTime};
 use crate::metrics::Metrics;
 use crate::store::{
     AcquireOutcome, AcquireRequest, Event, EventFilter, FenceOutcome, ForceReleaseOutcome,
-    Recorded, ReleaseOutcome, RenewOutcome, ResourceView, Store, StoreError, StoredValue,
-    ValueWrite, WriteVia,
+    GroupCommit, Recorded, ReleaseOutcome, RenewOutcome, ResourceView, Store, StoreError,
+    StoreResult, StoredValue, ValueWrite, WriteVia,
 };
 use crate::waiters::Waiters;
 
@@ -68,6 +68,8 @@ pub struct LockService {
     wait_permits: Arc<Semaphore>,
     shutdown: CancellationToken,
     metrics: Metrics,
+    /// When set, writes go through shared batch transactions.
+    group_commit: Option<GroupCommit>,
 }
 
 impl LockService {
@@ -84,6 +86,62 @@ impl LockService {
             limits,
             shutdown,
             metrics,
+            group_commit: None,
+        }
+    }
+
+    /// Sends every write through `group_commit`'s batch transactions.
+    pub fn with_group_commit(mut self, group_commit: GroupCommit) -> Self {
+        self.group_commit = Some(group_commit);
+        self
+    }
+
+    async fn store_acquire(&self, req: &AcquireRequest) -> StoreResult<Recorded<AcquireOutcome>> {
+        match &self.group_commit {
+            Some(batched) => batched.acquire(req).await,
+            None => self.store.acquire(req).await,
+        }
+    }
+
+    async fn store_renew(
+        &self,
+        id: &LeaseId,
+        ttl: Option<Ttl>,
+    ) -> StoreResult<Recorded<RenewOutcome>> {
+        match &self.group_commit {
+            Some(batched) => batched.renew(id, ttl).await,
+            None => self.store.renew(id, ttl).await,
+        }
+    }
+
+    async fn store_release(&self, id: &LeaseId) -> StoreResult<Recorded<ReleaseOutcome>> {
+        match &self.group_commit {
+            Some(batched) => batched.release(id).await,
+            None => self.store.release(id).await,
+        }
+    }
+
+    async fn store_force_release(
+        &self,
+        name: &ResourceName,
+        reason: &Reason,
+        actor: &str,
+    ) -> StoreResult<Recorded<ForceReleaseOutcome>> {
+        match &self.group_commit {
+            Some(batched) => batched.force_release(name, reason, actor).await,
+            None => self.store.force_release(name, reason, actor).await,
+        }
+    }
+
+    async fn store_fence(
+        &self,
+        name: &ResourceName,
+        token: Token,
+        write: Option<&ValueWrite>,
+    ) -> StoreResult<Recorded<FenceOutcome>> {
+        match &self.group_commit {
+            Some(batched) => batched.fence(name, token, write).await,
+            None => self.store.fence(name, token, write).await,
         }
     }
 
@@ -114,44 +172,56 @@ impl LockService {
     }
 
     /// Acquires, waiting up to `wait` while someone else holds the resource.
-    /// A waiter wakes when a lease on the resource ends (here or, on
-    /// PostgreSQL, in any instance) or when the holder's deadline passes.
+    ///
+    /// Waiters on one resource queue up first come first served: only the
+    /// head of the queue retries, when a lease on the resource ends (here
+    /// or, on PostgreSQL, in any instance) or when the holder's deadline
+    /// passes; the others stay parked until the head leaves. A waiter still
+    /// queued at its own deadline makes one last attempt, so its answer
+    /// names the current holder.
     pub async fn acquire(
         &self,
         req: AcquireRequest,
         wait: WaitTime,
     ) -> Result<Acquired, ServiceError> {
         let started = Instant::now();
+        if wait.as_duration().is_zero() {
+            let outcome = self.settled(self.store_acquire(&req).await?);
+            return Ok(self.acquired(outcome, started.elapsed()));
+        }
         let deadline = started + wait.as_duration();
-        let _permit = if wait.as_duration().is_zero() {
-            None
-        } else {
-            let permit = self.wait_permits.clone().try_acquire_owned();
-            Some(permit.map_err(|_| ServiceError::Overloaded)?)
-        };
-        // Subscribe before the first attempt so no ending slips between.
-        let mut subscription =
-            (!wait.as_duration().is_zero()).then(|| self.waiters.subscribe(req.resource.as_str()));
+        let _permit = self
+            .wait_permits
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ServiceError::Overloaded)?;
+        // Queue up before the first attempt so no ending slips between.
+        let mut ticket = self.waiters.enqueue(req.resource.as_str());
+        let mut retry_at = deadline;
         loop {
-            let outcome = self.settled(self.store.acquire(&req).await?);
-            let (AcquireOutcome::Held { holder, now }, Some(sub)) =
-                (&outcome, subscription.as_mut())
-            else {
-                return Ok(self.acquired(outcome, started.elapsed()));
-            };
-            let local_now = Instant::now();
-            if local_now >= deadline {
-                return Ok(self.acquired(outcome, started.elapsed()));
-            }
-            // Retry just after the holder's deadline even if nobody records
-            // the expiry: the acquire itself settles it.
-            let until_expiry =
-                (holder.expires_at - *now).to_std().unwrap_or_default() + Duration::from_millis(1);
-            let wake_at = deadline.min(local_now + until_expiry);
             tokio::select! {
-                () = sub.lease_ended() => {}
-                () = tokio::time::sleep_until(wake_at) => {}
+                () = ticket.turn() => {}
+                () = tokio::time::sleep_until(retry_at) => {}
                 () = self.shutdown.cancelled() => return Err(ServiceError::ShuttingDown),
+            }
+            // An error drops the ticket unserved, which passes the turn on.
+            let outcome = self.settled(self.store_acquire(&req).await?);
+            let local_now = Instant::now();
+            match &outcome {
+                AcquireOutcome::Held { holder, now } if local_now < deadline => {
+                    // Retry just after the holder's deadline even if nobody
+                    // records the expiry: the acquire itself settles it.
+                    let until_expiry = (holder.expires_at - *now).to_std().unwrap_or_default()
+                        + Duration::from_millis(1);
+                    retry_at = deadline.min(local_now + until_expiry);
+                }
+                AcquireOutcome::Held { .. } => {
+                    return Ok(self.acquired(outcome, started.elapsed()));
+                }
+                AcquireOutcome::Granted { .. } | AcquireOutcome::Existing(_) => {
+                    ticket.served();
+                    return Ok(self.acquired(outcome, started.elapsed()));
+                }
             }
         }
     }
@@ -172,7 +242,7 @@ impl LockService {
         id: &LeaseId,
         ttl: Option<Ttl>,
     ) -> Result<RenewOutcome, ServiceError> {
-        let outcome = self.settled(self.store.renew(id, ttl).await?);
+        let outcome = self.settled(self.store_renew(id, ttl).await?);
         match &outcome {
             RenewOutcome::Renewed { margin_ms, .. } => self.metrics.renewed(*margin_ms),
             RenewOutcome::NotActive(_) => self.metrics.renewal_refused(),
@@ -182,7 +252,7 @@ impl LockService {
     }
 
     pub async fn release(&self, id: &LeaseId) -> Result<ReleaseOutcome, ServiceError> {
-        let outcome = self.settled(self.store.release(id).await?);
+        let outcome = self.settled(self.store_release(id).await?);
         if let ReleaseOutcome::Released(lease) = &outcome {
             self.metrics.released(lease);
             self.waiters.lease_ended(lease.resource.as_str());
@@ -196,7 +266,7 @@ impl LockService {
         reason: &Reason,
         actor: &str,
     ) -> Result<ForceReleaseOutcome, ServiceError> {
-        let outcome = self.settled(self.store.force_release(name, reason, actor).await?);
+        let outcome = self.settled(self.store_force_release(name, reason, actor).await?);
         if let ForceReleaseOutcome::Released(lease) = &outcome {
             self.metrics.force_released(lease);
             self.waiters.lease_ended(lease.resource.as_str());
@@ -209,7 +279,7 @@ impl LockService {
         name: &ResourceName,
         token: Token,
     ) -> Result<FenceOutcome, ServiceError> {
-        let outcome = self.settled(self.store.fence(name, token, None).await?);
+        let outcome = self.settled(self.store_fence(name, token, None).await?);
         self.metrics.fenced(name, WriteVia::Fence, &outcome);
         Ok(outcome)
     }
@@ -221,7 +291,7 @@ impl LockService {
         token: Token,
         value: ValueWrite,
     ) -> Result<FenceOutcome, ServiceError> {
-        let outcome = self.settled(self.store.fence(name, token, Some(&value)).await?);
+        let outcome = self.settled(self.store_fence(name, token, Some(&value)).await?);
         self.metrics.fenced(name, WriteVia::Store, &outcome);
         Ok(outcome)
     }

@@ -5,6 +5,7 @@
 //! themselves (lock the resource row, settle a due expiry, ask the domain
 //! rules, write state and event together) are written once in [`ops`].
 
+mod batch;
 mod ops;
 pub mod postgres;
 mod rows;
@@ -23,6 +24,8 @@ pub use types::{
     ForceReleaseOutcome, NewEvent, PruneBatch, Recorded, ReleaseOutcome, RenewOutcome, ResourceRow,
     ResourceView, StoredValue, ValueWrite, WriteVia,
 };
+
+pub use batch::{GroupCommit, GroupCommitConfig};
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
@@ -149,6 +152,13 @@ pub trait ResourceTx: Send {
         &mut self,
         name: &ResourceName,
     ) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Group commit: marks where one request of a batch begins, so a failing
+    /// request can be undone without undoing its batch-mates.
+    fn savepoint(&mut self) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Keeps the work since [`ResourceTx::savepoint`].
+    fn release_savepoint(&mut self) -> impl Future<Output = StoreResult<()>> + Send;
+    /// Undoes the work since [`ResourceTx::savepoint`].
+    fn rollback_to_savepoint(&mut self) -> impl Future<Output = StoreResult<()>> + Send;
 }
 
 /// One database engine.

@@ -100,16 +100,6 @@ fn missing_resource(name: &ResourceName) -> StoreError {
     StoreError::Corrupt(format!("lease refers to missing resource {name:?}"))
 }
 
-/// Commits and reports the outcome with the expiry settled on the way.
-async fn commit_recorded<B: Backend, T>(
-    tx: B::Tx,
-    outcome: T,
-    expired: Option<Lease>,
-) -> StoreResult<Recorded<T>> {
-    B::commit(tx).await?;
-    Ok(Recorded { outcome, expired })
-}
-
 fn nothing_recorded<T>(outcome: T) -> StoreResult<Recorded<T>> {
     Ok(Recorded {
         outcome,
@@ -117,16 +107,15 @@ fn nothing_recorded<T>(outcome: T) -> StoreResult<Recorded<T>> {
     })
 }
 
-pub async fn acquire<B: Backend>(
-    b: &B,
+pub async fn acquire_in<T: ResourceTx>(
+    tx: &mut T,
     req: &AcquireRequest,
 ) -> StoreResult<Recorded<AcquireOutcome>> {
-    let mut tx = b.begin_write().await?;
     tx.ensure_resource(&req.resource).await?;
-    let (mut row, now) = lock_existing(&mut tx, &req.resource)
+    let (mut row, now) = lock_existing(tx, &req.resource)
         .await?
         .ok_or_else(|| missing_resource(&req.resource))?;
-    let settled = settle(&mut tx, &req.resource, now).await?;
+    let settled = settle(tx, &req.resource, now).await?;
     let decision = domain::decide_acquire(
         settled.live.as_ref(),
         row.last_token,
@@ -169,7 +158,10 @@ pub async fn acquire<B: Backend>(
             return Err(StoreError::Corrupt("held without a live lease".into()));
         }
     };
-    commit_recorded::<B, _>(tx, outcome, settled.expired).await
+    Ok(Recorded {
+        outcome,
+        expired: settled.expired,
+    })
 }
 
 /// A lease read under its resource's row lock, after settling the resource.
@@ -203,18 +195,17 @@ async fn lock_lease<T: ResourceTx>(tx: &mut T, id: &LeaseId) -> StoreResult<Opti
     }))
 }
 
-pub async fn renew<B: Backend>(
-    b: &B,
+pub async fn renew_in<T: ResourceTx>(
+    tx: &mut T,
     id: &LeaseId,
     ttl: Option<Ttl>,
 ) -> StoreResult<Recorded<RenewOutcome>> {
-    let mut tx = b.begin_write().await?;
     let Some(LockedLease {
         lease,
         mut row,
         now,
         expired,
-    }) = lock_lease(&mut tx, id).await?
+    }) = lock_lease(tx, id).await?
     else {
         return nothing_recorded(RenewOutcome::NotFound);
     };
@@ -244,7 +235,7 @@ pub async fn renew<B: Backend>(
         }
         RenewDecision::NotActive(_) => RenewOutcome::NotActive(lease),
     };
-    commit_recorded::<B, _>(tx, outcome, expired).await
+    Ok(Recorded { outcome, expired })
 }
 
 /// Ends a live lease as released or force-released, with its event.
@@ -279,70 +270,60 @@ async fn end_lease<T: ResourceTx>(
     Ok(ended)
 }
 
-pub async fn release<B: Backend>(b: &B, id: &LeaseId) -> StoreResult<Recorded<ReleaseOutcome>> {
-    let mut tx = b.begin_write().await?;
+pub async fn release_in<T: ResourceTx>(
+    tx: &mut T,
+    id: &LeaseId,
+) -> StoreResult<Recorded<ReleaseOutcome>> {
     let Some(LockedLease {
         lease,
         mut row,
         now,
         expired,
-    }) = lock_lease(&mut tx, id).await?
+    }) = lock_lease(tx, id).await?
     else {
         return nothing_recorded(ReleaseOutcome::NotFound);
     };
     let outcome = match domain::decide_release(&lease, now) {
         ReleaseDecision::Release => {
-            let ended = end_lease(
-                &mut tx,
-                &lease,
-                &mut row,
-                LeaseState::Released,
-                now,
-                json!({}),
-            )
-            .await?;
+            let ended =
+                end_lease(tx, &lease, &mut row, LeaseState::Released, now, json!({})).await?;
             ReleaseOutcome::Released(ended)
         }
         ReleaseDecision::AlreadyReleased => ReleaseOutcome::AlreadyReleased(lease),
         ReleaseDecision::NotActive(_) => ReleaseOutcome::NotActive(lease),
     };
-    commit_recorded::<B, _>(tx, outcome, expired).await
+    Ok(Recorded { outcome, expired })
 }
 
-pub async fn force_release<B: Backend>(
-    b: &B,
+pub async fn force_release_in<T: ResourceTx>(
+    tx: &mut T,
     name: &ResourceName,
     reason: &Reason,
     actor: &str,
 ) -> StoreResult<Recorded<ForceReleaseOutcome>> {
-    let mut tx = b.begin_write().await?;
-    let Some((mut row, now)) = lock_existing(&mut tx, name).await? else {
+    let Some((mut row, now)) = lock_existing(tx, name).await? else {
         return nothing_recorded(ForceReleaseOutcome::ResourceNotFound);
     };
-    let settled = settle(&mut tx, name, now).await?;
+    let settled = settle(tx, name, now).await?;
     let outcome = match settled.live {
         Some(live) => {
             let extra = json!({ "reason": reason.as_str(), "by": actor });
-            let ended = end_lease(
-                &mut tx,
-                &live,
-                &mut row,
-                LeaseState::ForceReleased,
-                now,
-                extra,
-            )
-            .await?;
+            let ended =
+                end_lease(tx, &live, &mut row, LeaseState::ForceReleased, now, extra).await?;
             ForceReleaseOutcome::Released(ended)
         }
         None => ForceReleaseOutcome::NotHeld,
     };
-    commit_recorded::<B, _>(tx, outcome, settled.expired).await
+    Ok(Recorded {
+        outcome,
+        expired: settled.expired,
+    })
 }
 
 /// The fencing check, and the value write when `write` is given, in one
 /// transaction under the resource's row lock.
-pub async fn fence<B: Backend>(
-    b: &B,
+pub async fn fence_in<T: ResourceTx>(
+    tx: &mut T,
     name: &ResourceName,
     token: Token,
     write: Option<&ValueWrite>,
@@ -352,8 +333,7 @@ pub async fn fence<B: Backend>(
     } else {
         WriteVia::Fence
     };
-    let mut tx = b.begin_write().await?;
-    let Some((mut row, now)) = lock_existing(&mut tx, name).await? else {
+    let Some((mut row, now)) = lock_existing(tx, name).await? else {
         // Never used: nothing was ever issued, so the token is unknown.
         let now = tx.now().await?;
         let rejection = FenceRejection {
@@ -367,9 +347,12 @@ pub async fn fence<B: Backend>(
         };
         tx.insert_event(&rejection_event(name, &rejection, via, now))
             .await?;
-        return commit_recorded::<B, _>(tx, FenceOutcome::Rejected(rejection), None).await;
+        return Ok(Recorded {
+            outcome: FenceOutcome::Rejected(rejection),
+            expired: None,
+        });
     };
-    let settled = settle(&mut tx, name, now).await?;
+    let settled = settle(tx, name, now).await?;
     let own_lease = if token.get() <= row.last_token {
         tx.lease_by_token(name, token).await?
     } else {
@@ -448,7 +431,10 @@ pub async fn fence<B: Backend>(
             FenceOutcome::Rejected(rejection)
         }
     };
-    commit_recorded::<B, _>(tx, outcome, settled.expired).await
+    Ok(Recorded {
+        outcome,
+        expired: settled.expired,
+    })
 }
 
 fn rejection_event(
@@ -475,6 +461,53 @@ fn rejection_event(
         holder: None,
         detail,
     }
+}
+
+/// Runs one `*_in` operation in a write transaction of its own.
+macro_rules! in_own_transaction {
+    ($b:expr, $op:ident($($arg:expr),*)) => {{
+        let mut tx = $b.begin_write().await?;
+        let recorded = $op(&mut tx, $($arg),*).await?;
+        B::commit(tx).await?;
+        Ok(recorded)
+    }};
+}
+
+pub async fn acquire<B: Backend>(
+    b: &B,
+    req: &AcquireRequest,
+) -> StoreResult<Recorded<AcquireOutcome>> {
+    in_own_transaction!(b, acquire_in(req))
+}
+
+pub async fn renew<B: Backend>(
+    b: &B,
+    id: &LeaseId,
+    ttl: Option<Ttl>,
+) -> StoreResult<Recorded<RenewOutcome>> {
+    in_own_transaction!(b, renew_in(id, ttl))
+}
+
+pub async fn release<B: Backend>(b: &B, id: &LeaseId) -> StoreResult<Recorded<ReleaseOutcome>> {
+    in_own_transaction!(b, release_in(id))
+}
+
+pub async fn force_release<B: Backend>(
+    b: &B,
+    name: &ResourceName,
+    reason: &Reason,
+    actor: &str,
+) -> StoreResult<Recorded<ForceReleaseOutcome>> {
+    in_own_transaction!(b, force_release_in(name, reason, actor))
+}
+
+pub async fn fence<B: Backend>(
+    b: &B,
+    name: &ResourceName,
+    token: Token,
+    write: Option<&ValueWrite>,
+) -> StoreResult<Recorded<FenceOutcome>> {
+    in_own_transaction!(b, fence_in(name, token, write))
 }
 
 pub async fn expire_due_leases<B: Backend>(b: &B, limit: i64) -> StoreResult<Vec<Lease>> {

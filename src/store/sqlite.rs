@@ -338,4 +338,25 @@ impl ResourceTx for SqliteTx {
         // waiters after commit.
         Ok(())
     }
+
+    async fn savepoint(&mut self) -> StoreResult<()> {
+        sqlx::query("SAVEPOINT batch_request")
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn release_savepoint(&mut self) -> StoreResult<()> {
+        sqlx::query("RELEASE SAVEPOINT batch_request")
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> StoreResult<()> {
+        sqlx::query("ROLLBACK TO SAVEPOINT batch_request")
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
 }

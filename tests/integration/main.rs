@@ -7,6 +7,7 @@
 mod support;
 
 mod bad_input;
+mod bench;
 mod browser;
 #[cfg(feature = "client")]
 mod cli;
@@ -15,7 +16,9 @@ mod client;
 mod concurrency;
 mod demo;
 mod deploy_files;
+mod fairness;
 mod fencing;
+mod group_commit;
 mod history;
 mod lifecycle;
 mod limits;

@@ -9,9 +9,9 @@ use serde_json::json;
 
 use crate::support::{Backend, TestDb};
 
-struct Process {
+pub struct Process {
     child: Child,
-    base: String,
+    pub base: String,
 }
 
 fn free_port() -> u16 {
@@ -22,6 +22,11 @@ fn free_port() -> u16 {
 }
 
 async fn spawn_server(db_url: &str) -> Process {
+    spawn_server_with(db_url, &[]).await
+}
+
+/// The real binary on a free port, with extra `serve` options.
+pub async fn spawn_server_with(db_url: &str, extra_args: &[&str]) -> Process {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_palisade"))
         .args([
@@ -31,6 +36,7 @@ async fn spawn_server(db_url: &str) -> Process {
             "--database-url",
             db_url,
         ])
+        .args(extra_args)
         .env("PALISADE_ADMIN_TOKEN", "restart-admin")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
@@ -53,7 +59,7 @@ async fn spawn_server(db_url: &str) -> Process {
 }
 
 impl Process {
-    fn kill_9(mut self) {
+    pub fn kill_9(mut self) {
         // Child::kill sends SIGKILL on Unix: no shutdown code runs.
         self.child.kill().expect("kill -9");
         let _ = self.child.wait();
