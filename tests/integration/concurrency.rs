@@ -140,8 +140,9 @@ async fn verify(s: &TestServer, counts: &Counts) {
     );
     let endings = tally.count("released") + tally.count("expired") + tally.count("force_released");
     assert_eq!(endings, granted, "every lease ended exactly once");
+    // A loaded 2-core machine still manages far more than this in 4 s.
     assert!(
-        granted > 50,
+        granted > 20,
         "too little traffic to mean anything: {granted}"
     );
     assert!(tally.count("expired") > 0, "no lease expired");
