@@ -188,3 +188,27 @@ async fn dashboard_rules_and_docs_match_the_exposed_metrics() {
     }
     check_identifiers("docs/metrics.md", &docs, &names, &recorded);
 }
+
+/// The configuration reference keeps up with the binary: every `serve`
+/// flag (and its environment variable) is in docs/operations.md.
+#[test]
+fn every_serve_flag_is_documented() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("run palisade serve --help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    let docs = read("docs/operations.md");
+    let mut missing = Vec::new();
+    for word in help.split(|c: char| c.is_whitespace() || c == '[' || c == ']' || c == '=') {
+        let is_flag = word.starts_with("--") && word.len() > 2 && word != "--help";
+        if (is_flag || word.starts_with("PALISADE_")) && !docs.contains(&format!("`{word}`")) {
+            missing.push(word.to_owned());
+        }
+    }
+    missing.dedup();
+    assert!(
+        missing.is_empty(),
+        "undocumented in docs/operations.md: {missing:?}"
+    );
+}
