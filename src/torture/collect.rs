@@ -11,79 +11,72 @@ pub struct FinalState {
     pub values: Vec<ValueRecord>,
 }
 
+// The same three reads on either backend; each query returns the same
+// column shapes (times as Unix ms, JSON as text) so one mapping serves both.
+const LEASES: &str = "SELECT lease_id, resource, token, holder, state FROM leases";
+
 pub async fn postgres(url: &str) -> anyhow::Result<FinalState> {
     let pool = sqlx::PgPool::connect(url).await?;
-    let events = sqlx::query(
-        "SELECT id, (extract(epoch FROM at) * 1000)::bigint AS at_ms, kind, resource, token, detail \
-         FROM events ORDER BY id",
-    )
-    .fetch_all(&pool)
-    .await?
-    .into_iter()
-    .map(|r| -> anyhow::Result<EventRecord> {
-        Ok(EventRecord {
-            id: r.try_get("id")?,
-            at_ms: r.try_get("at_ms")?,
-            kind: r.try_get("kind")?,
-            resource: r.try_get("resource")?,
-            token: r.try_get("token")?,
-            detail: r.try_get::<sqlx::types::Json<serde_json::Value>, _>("detail")?.0,
-        })
-    })
-    .collect::<anyhow::Result<_>>()?;
-    let leases = leases(
-        sqlx::query("SELECT lease_id, resource, token, holder, state FROM leases")
+    let state = FinalState {
+        events: events(
+            sqlx::query(
+                "SELECT id, (extract(epoch FROM at) * 1000)::bigint AS at_ms, kind, resource, token, \
+                 detail::text AS detail FROM events ORDER BY id",
+            )
             .fetch_all(&pool)
             .await?,
-    )?;
-    let values = values(
-        sqlx::query("SELECT resource, token, version, value::text AS value FROM fenced_values")
-            .fetch_all(&pool)
-            .await?,
-    )?;
+        )?,
+        leases: leases(sqlx::query(LEASES).fetch_all(&pool).await?)?,
+        values: values(
+            sqlx::query("SELECT resource, token, version, value::text AS value FROM fenced_values")
+                .fetch_all(&pool)
+                .await?,
+        )?,
+    };
     pool.close().await;
-    Ok(FinalState {
-        events,
-        leases,
-        values,
-    })
+    Ok(state)
 }
 
 pub async fn sqlite(url: &str) -> anyhow::Result<FinalState> {
     let pool = sqlx::SqlitePool::connect(url).await?;
-    let events =
-        sqlx::query("SELECT id, at, kind, resource, token, detail FROM events ORDER BY id")
-            .fetch_all(&pool)
-            .await?
-            .into_iter()
-            .map(|r| -> anyhow::Result<EventRecord> {
-                let detail: String = r.try_get("detail")?;
-                Ok(EventRecord {
-                    id: r.try_get("id")?,
-                    at_ms: r.try_get("at")?,
-                    kind: r.try_get("kind")?,
-                    resource: r.try_get("resource")?,
-                    token: r.try_get("token")?,
-                    detail: serde_json::from_str(&detail)?,
-                })
-            })
-            .collect::<anyhow::Result<_>>()?;
-    let leases = leases(
-        sqlx::query("SELECT lease_id, resource, token, holder, state FROM leases")
+    let state = FinalState {
+        events: events(
+            sqlx::query(
+                "SELECT id, at AS at_ms, kind, resource, token, detail FROM events ORDER BY id",
+            )
             .fetch_all(&pool)
             .await?,
-    )?;
-    let values = values(
-        sqlx::query("SELECT resource, token, version, value FROM fenced_values")
-            .fetch_all(&pool)
-            .await?,
-    )?;
+        )?,
+        leases: leases(sqlx::query(LEASES).fetch_all(&pool).await?)?,
+        values: values(
+            sqlx::query("SELECT resource, token, version, value FROM fenced_values")
+                .fetch_all(&pool)
+                .await?,
+        )?,
+    };
     pool.close().await;
-    Ok(FinalState {
-        events,
-        leases,
-        values,
-    })
+    Ok(state)
+}
+
+fn events<R: Row>(rows: Vec<R>) -> anyhow::Result<Vec<EventRecord>>
+where
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'a> String: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> i64: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+{
+    rows.into_iter()
+        .map(|r| {
+            let detail: String = r.try_get("detail")?;
+            Ok(EventRecord {
+                id: r.try_get("id")?,
+                at_ms: r.try_get("at_ms")?,
+                kind: r.try_get("kind")?,
+                resource: r.try_get("resource")?,
+                token: r.try_get("token")?,
+                detail: serde_json::from_str(&detail)?,
+            })
+        })
+        .collect()
 }
 
 fn leases<R: Row>(rows: Vec<R>) -> anyhow::Result<Vec<LeaseRecord>>
