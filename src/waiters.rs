@@ -98,11 +98,13 @@ impl Waiters {
     }
 
     /// How many resources have waiters right now.
+    #[cfg(test)]
     pub fn waited_resources(&self) -> usize {
         self.lock().queues.len()
     }
 
     /// How many waiters are queued for `name`.
+    #[cfg(test)]
     pub fn queued(&self, name: &str) -> usize {
         self.lock().queues.get(name).map_or(0, VecDeque::len)
     }
@@ -156,6 +158,7 @@ impl Ticket {
     }
 
     /// Whether this ticket is at the head of its queue.
+    #[cfg(test)]
     pub fn is_head(&self) -> bool {
         let registry = self.registry.lock();
         registry
