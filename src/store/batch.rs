@@ -16,6 +16,7 @@ use std::sync::Arc;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use super::ops;
+use super::staged::{BatchTx, Plan, StagedTx};
 use super::types::*;
 use super::{Backend, ResourceTx, Store, StoreError, StoreResult};
 use crate::domain::{LeaseId, Reason, ResourceName, Token, Ttl};
@@ -181,8 +182,89 @@ async fn run_writer<B: Backend>(
     }
 }
 
-/// Runs one batch in one transaction and answers every request in it.
+/// Runs one batch in one transaction and answers every request in it: on
+/// the staged fast path when it can, else request by request.
 async fn run_batch<B: Backend>(backend: &B, batch: Vec<Pending>) {
+    match run_staged(backend, &batch).await {
+        Staged::Committed(results) => {
+            for (pending, result) in batch.into_iter().zip(results) {
+                // The caller may have gone away (request cancelled); its
+                // write stands, like any committed write whose answer was lost.
+                let _ = pending.reply.send(result);
+            }
+        }
+        // The commit's fate is unknown: nothing may be run twice.
+        Staged::CommitFailed(err) => fail_all(batch, &err),
+        Staged::Unavailable(err) => fail_all(batch, &err),
+        Staged::Retry(why) => {
+            tracing::debug!(%why, requests = batch.len(), "batch runs request by request");
+            run_one_by_one(backend, batch).await;
+        }
+    }
+}
+
+enum Staged {
+    Committed(Vec<StoreResult<WriteReply>>),
+    /// Nothing was committed and the database cannot be reached.
+    Unavailable(StoreError),
+    /// Nothing was committed; the slow path can run the batch.
+    Retry(String),
+    CommitFailed(StoreError),
+}
+
+/// The fast path (see [`super::staged`]): lock and load once, run every
+/// request in memory, flush with a few multi-row statements, commit.
+async fn run_staged<B: Backend>(backend: &B, batch: &[Pending]) -> Staged {
+    let not_committed = |err: StoreError| match err {
+        StoreError::Unavailable(_) => Staged::Unavailable(err),
+        other => Staged::Retry(other.to_string()),
+    };
+    let mut tx = match backend.begin_write().await {
+        Ok(tx) => tx,
+        Err(err) => return not_committed(err),
+    };
+    let mut plan = Plan::default();
+    for pending in batch {
+        plan_request(&mut plan, &pending.request);
+    }
+    let mut staged = match StagedTx::load(&mut tx, plan).await {
+        Ok(staged) => staged,
+        Err(err) => return not_committed(err),
+    };
+    let mut results = Vec::with_capacity(batch.len());
+    for pending in batch {
+        match run_isolated(&mut staged, &pending.request).await {
+            Ok(result) => results.push(result),
+            Err(err) => return Staged::Retry(err.to_string()),
+        }
+    }
+    if let Some(why) = staged.missed() {
+        return Staged::Retry(why.to_owned());
+    }
+    let changes = staged.into_changes();
+    if let Err(err) = tx.flush(&changes).await {
+        return not_committed(err);
+    }
+    match B::commit(tx).await {
+        Ok(()) => Staged::Committed(results),
+        Err(err) => Staged::CommitFailed(err),
+    }
+}
+
+fn plan_request(plan: &mut Plan, request: &WriteRequest) {
+    match request {
+        WriteRequest::Acquire(req) => plan.acquire(&req.resource),
+        #[cfg(test)]
+        WriteRequest::AcquireThenFail(req) => plan.acquire(&req.resource),
+        WriteRequest::Renew(id, _) | WriteRequest::Release(id) => plan.lease(id),
+        WriteRequest::ForceRelease(name, ..) => plan.force_release(name),
+        WriteRequest::Fence(name, token, write) => plan.fence(name, *token, write.is_some()),
+    }
+}
+
+/// The slow path: each request in its own savepoint of one transaction,
+/// row locks taken in resource-name order.
+async fn run_one_by_one<B: Backend>(backend: &B, batch: Vec<Pending>) {
     let mut tx = match backend.begin_write().await {
         Ok(tx) => tx,
         Err(err) => return fail_all(batch, &err),
@@ -219,8 +301,6 @@ async fn run_batch<B: Backend>(backend: &B, batch: Vec<Pending>) {
         return fail_all(all, &err);
     }
     for (pending, result) in answered {
-        // The caller may have gone away (request cancelled); its write
-        // stands, like any committed write whose answer was lost.
         let _ = pending.reply.send(result);
     }
 }

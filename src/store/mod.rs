@@ -10,6 +10,7 @@ mod ops;
 pub mod postgres;
 mod rows;
 pub mod sqlite;
+mod staged;
 mod types;
 pub mod ui;
 
@@ -163,7 +164,7 @@ pub trait ResourceTx: Send {
 
 /// One database engine.
 pub trait Backend: Send + Sync {
-    type Tx: ResourceTx;
+    type Tx: staged::BatchTx;
     fn begin_write(&self) -> impl Future<Output = StoreResult<Self::Tx>> + Send;
     fn begin_read(&self) -> impl Future<Output = StoreResult<Self::Tx>> + Send;
     fn commit(tx: Self::Tx) -> impl Future<Output = StoreResult<()>> + Send;

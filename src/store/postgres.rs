@@ -6,6 +6,7 @@
 //! start, already in the past after a lock wait). Lease endings are announced
 //! with `pg_notify`, delivered on commit, so waiters in every instance wake.
 
+use std::collections::HashSet;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Postgres, QueryBuilder, Transaction};
 
 use super::rows::{EventRow, LeaseRow, ResourceDbRow, ValueRow, into_lease};
+use super::staged::{BatchTx, Changes};
 use super::types::{
     Event, EventCursor, EventFilter, NewEvent, PruneBatch, ResourceRow, StoredValue,
 };
@@ -410,6 +412,310 @@ impl ResourceTx for PgTx {
         sqlx::query("ROLLBACK TO SAVEPOINT batch_request")
             .execute(&mut *self.0)
             .await?;
+        Ok(())
+    }
+}
+
+/// A fenced value with the resource it belongs to.
+#[derive(sqlx::FromRow)]
+struct NamedValueRow {
+    resource: String,
+    #[sqlx(flatten)]
+    value: ValueRow<DateTime<Utc>>,
+}
+
+/// A whole batch's writes in one statement (see `BatchTx::flush`). Event ids
+/// are handed out in the order the rows are inserted, so a batch's events
+/// keep the order they happened in. Lease-ended notifications are delivered
+/// on commit.
+const FLUSH: &str = "\
+WITH res AS ( \
+  UPDATE resources AS r SET last_token = u.last_token, accepted_token = u.accepted_token, \
+    last_activity_at = u.at \
+  FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::timestamptz[]) \
+    AS u(name, last_token, accepted_token, at) \
+  WHERE r.name = u.name RETURNING 1), \
+upd AS ( \
+  UPDATE leases AS l SET state = u.state, ttl_ms = u.ttl_ms, expires_at = u.expires_at, \
+    ended_at = u.ended_at \
+  FROM unnest($5::text[], $6::text[], $7::bigint[], $8::timestamptz[], $9::timestamptz[]) \
+    AS u(lease_id, state, ttl_ms, expires_at, ended_at) \
+  WHERE l.lease_id = u.lease_id RETURNING 1), \
+ins AS ( \
+  INSERT INTO leases (lease_id, resource, token, holder, state, ttl_ms, acquired_at, \
+    expires_at, ended_at, request_id) \
+  SELECT * FROM unnest($10::text[], $11::text[], $12::bigint[], $13::text[], $14::text[], \
+    $15::bigint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz[], $19::text[]) \
+  RETURNING 1), \
+val AS ( \
+  INSERT INTO fenced_values (resource, value, token, version, updated_at) \
+  SELECT r, v::json, t, n, at FROM unnest($20::text[], $21::text[], $22::bigint[], \
+    $23::bigint[], $24::timestamptz[]) AS u(r, v, t, n, at) \
+  ON CONFLICT (resource) DO UPDATE SET value = excluded.value, token = excluded.token, \
+    version = excluded.version, updated_at = excluded.updated_at \
+  RETURNING 1), \
+evt AS ( \
+  INSERT INTO events (at, kind, resource, token, holder, detail) \
+  SELECT at, kind, resource, token, holder, detail::jsonb FROM unnest($25::timestamptz[], \
+    $26::text[], $27::text[], $28::bigint[], $29::text[], $30::text[]) \
+    WITH ORDINALITY AS e(at, kind, resource, token, holder, detail, n) \
+  ORDER BY n RETURNING 1), \
+del AS (DELETE FROM resources WHERE name = ANY($31) RETURNING 1) \
+SELECT (SELECT count(*) FROM upd) AS updated, \
+  (SELECT count(pg_notify($32, n)) FROM unnest($33::text[]) AS n) AS notified";
+
+/// The clock, and a lease when the outer join found one.
+#[derive(sqlx::FromRow)]
+struct ClockedLeaseRow {
+    now: DateTime<Utc>,
+    lease_id: Option<String>,
+    resource: Option<String>,
+    token: Option<i64>,
+    holder: Option<String>,
+    state: Option<String>,
+    ttl_ms: Option<i64>,
+    acquired_at: Option<DateTime<Utc>>,
+    expires_at: Option<DateTime<Utc>>,
+    ended_at: Option<DateTime<Utc>>,
+    request_id: Option<String>,
+}
+
+impl ClockedLeaseRow {
+    fn into_lease_row(self) -> Option<LeaseRow<DateTime<Utc>>> {
+        Some(LeaseRow {
+            lease_id: self.lease_id?,
+            resource: self.resource?,
+            token: self.token?,
+            holder: self.holder?,
+            state: self.state?,
+            ttl_ms: self.ttl_ms?,
+            acquired_at: self.acquired_at?,
+            expires_at: self.expires_at?,
+            ended_at: self.ended_at,
+            request_id: self.request_id,
+        })
+    }
+}
+
+fn names(list: &[ResourceName]) -> Vec<&str> {
+    list.iter().map(ResourceName::as_str).collect()
+}
+
+/// Multi-row statements: each step of a batch is one round trip, whatever
+/// the number of requests in it.
+impl BatchTx for PgTx {
+    async fn lock_resources(
+        &mut self,
+        create: &[ResourceName],
+        lock: &[ResourceName],
+        lease_ids: &[LeaseId],
+    ) -> StoreResult<(Vec<ResourceRow>, Vec<ResourceName>)> {
+        let mut created = Vec::new();
+        if !create.is_empty() {
+            // Sorted like the lock below, so concurrent creators of the same
+            // names wait for each other in one order.
+            let inserted: Vec<String> = sqlx::query_scalar(&format!(
+                "INSERT INTO resources (name, created_at, last_activity_at) \
+                 SELECT n, {NOW}, {NOW} FROM unnest($1::text[]) AS n ORDER BY n \
+                 ON CONFLICT (name) DO NOTHING RETURNING name"
+            ))
+            .bind(names(create))
+            .fetch_all(&mut *self.0)
+            .await?;
+            for name in inserted {
+                created.push(
+                    ResourceName::parse(name).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                );
+            }
+        }
+        if lock.is_empty() && lease_ids.is_empty() {
+            return Ok((Vec::new(), created));
+        }
+        // Rows are locked in the order the sort emits them: every batch
+        // takes its locks in one global order, so batches cannot deadlock.
+        let ids: Vec<&str> = lease_ids.iter().map(LeaseId::as_str).collect();
+        let rows: Vec<ResourceDbRow<DateTime<Utc>>> = sqlx::query_as(
+            "SELECT name, last_token, accepted_token, created_at, last_activity_at \
+             FROM resources WHERE name = ANY($1) \
+               OR name IN (SELECT resource FROM leases WHERE lease_id = ANY($2)) \
+             ORDER BY name FOR UPDATE",
+        )
+        .bind(names(lock))
+        .bind(&ids)
+        .fetch_all(&mut *self.0)
+        .await?;
+        let rows = rows
+            .into_iter()
+            .map(ResourceDbRow::into_row)
+            .collect::<StoreResult<_>>()?;
+        Ok((rows, created))
+    }
+
+    async fn delete_resources(&mut self, resources: &[ResourceName]) -> StoreResult<()> {
+        sqlx::query("DELETE FROM resources WHERE name = ANY($1)")
+            .bind(names(resources))
+            .execute(&mut *self.0)
+            .await?;
+        Ok(())
+    }
+
+    async fn load_leases(
+        &mut self,
+        resources: &[ResourceName],
+        ids: &[LeaseId],
+        tokens: &[(ResourceName, Token)],
+    ) -> StoreResult<(DateTime<Utc>, Vec<Lease>)> {
+        let ids: Vec<&str> = ids.iter().map(LeaseId::as_str).collect();
+        let token_names: Vec<&str> = tokens.iter().map(|(n, _)| n.as_str()).collect();
+        let token_values: Vec<i64> = tokens.iter().map(|(_, t)| t.get()).collect();
+        // One row even when no lease matches, to carry the clock.
+        let rows: Vec<ClockedLeaseRow> = sqlx::query_as(&format!(
+            "WITH clock AS MATERIALIZED (SELECT {NOW} AS now) \
+             SELECT clock.now, l.* FROM clock LEFT JOIN ( \
+               SELECT {LEASE_COLUMNS} FROM leases WHERE resource = ANY($1) AND state = 'active' \
+               UNION \
+               SELECT {LEASE_COLUMNS} FROM leases WHERE lease_id = ANY($2) \
+               UNION \
+               SELECT {LEASE_COLUMNS} FROM leases WHERE (resource, token) IN \
+                 (SELECT r, t FROM unnest($3::text[], $4::bigint[]) AS p(r, t)) \
+             ) AS l ON true"
+        ))
+        .bind(names(resources))
+        .bind(&ids)
+        .bind(&token_names)
+        .bind(&token_values)
+        .fetch_all(&mut *self.0)
+        .await?;
+        let now = rows
+            .first()
+            .map(|r| r.now)
+            .ok_or_else(|| StoreError::Corrupt("the clock query returned no row".into()))?;
+        let leases = rows
+            .into_iter()
+            .filter_map(ClockedLeaseRow::into_lease_row)
+            .map(LeaseRow::into_lease)
+            .collect::<StoreResult<_>>()?;
+        Ok((now, leases))
+    }
+
+    async fn load_values(
+        &mut self,
+        resources: &[ResourceName],
+    ) -> StoreResult<Vec<(ResourceName, StoredValue)>> {
+        let rows: Vec<NamedValueRow> = sqlx::query_as(
+            "SELECT resource, value::text AS value, token, version, updated_at \
+             FROM fenced_values WHERE resource = ANY($1)",
+        )
+        .bind(names(resources))
+        .fetch_all(&mut *self.0)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                let name = ResourceName::parse(r.resource)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                Ok((name, r.value.into_value()?))
+            })
+            .collect()
+    }
+
+    async fn flush(&mut self, changes: &Changes) -> StoreResult<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        // One statement writes everything, except that a lease ending and a
+        // new lease on the same resource must be written in that order (the
+        // one-active-lease index is checked row by row): then the endings go
+        // first, in a statement of their own.
+        let new_on: HashSet<&ResourceName> =
+            changes.new_leases.iter().map(|l| &l.resource).collect();
+        let apart = changes
+            .updated_leases
+            .iter()
+            .any(|l| new_on.contains(&l.resource));
+        let (before, within): (&[Lease], &[Lease]) = if apart {
+            (&changes.updated_leases, &[])
+        } else {
+            (&[], &changes.updated_leases)
+        };
+        let mut updated = 0;
+        if !before.is_empty() {
+            let ls = before;
+            updated += sqlx::query(
+                "UPDATE leases AS l SET state = u.state, ttl_ms = u.ttl_ms, \
+                 expires_at = u.expires_at, ended_at = u.ended_at \
+                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::timestamptz[], $5::timestamptz[]) \
+                   AS u(lease_id, state, ttl_ms, expires_at, ended_at) \
+                 WHERE l.lease_id = u.lease_id",
+            )
+            .bind(ls.iter().map(|l| l.lease_id.as_str()).collect::<Vec<_>>())
+            .bind(ls.iter().map(|l| l.state.as_str()).collect::<Vec<_>>())
+            .bind(ls.iter().map(|l| l.ttl_ms).collect::<Vec<_>>())
+            .bind(ls.iter().map(|l| l.expires_at).collect::<Vec<_>>())
+            .bind(ls.iter().map(|l| l.ended_at).collect::<Vec<_>>())
+            .execute(&mut *self.0)
+            .await?
+            .rows_affected();
+        }
+        let rs = &changes.resources;
+        let ns = &changes.new_leases;
+        let vs = &changes.values;
+        let es = &changes.events;
+        let ls = within;
+        let (within_updated, _notified): (i64, i64) = sqlx::query_as(FLUSH)
+            .bind(rs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>())
+            .bind(rs.iter().map(|r| r.last_token).collect::<Vec<_>>())
+            .bind(rs.iter().map(|r| r.accepted_token).collect::<Vec<_>>())
+            .bind(rs.iter().map(|r| r.last_activity_at).collect::<Vec<_>>())
+            .bind(ls.iter().map(|l| l.lease_id.as_str()).collect::<Vec<_>>())
+            .bind(ls.iter().map(|l| l.state.as_str()).collect::<Vec<_>>())
+            .bind(ls.iter().map(|l| l.ttl_ms).collect::<Vec<_>>())
+            .bind(ls.iter().map(|l| l.expires_at).collect::<Vec<_>>())
+            .bind(ls.iter().map(|l| l.ended_at).collect::<Vec<_>>())
+            .bind(ns.iter().map(|l| l.lease_id.as_str()).collect::<Vec<_>>())
+            .bind(ns.iter().map(|l| l.resource.as_str()).collect::<Vec<_>>())
+            .bind(ns.iter().map(|l| l.token.get()).collect::<Vec<_>>())
+            .bind(ns.iter().map(|l| l.holder.as_str()).collect::<Vec<_>>())
+            .bind(ns.iter().map(|l| l.state.as_str()).collect::<Vec<_>>())
+            .bind(ns.iter().map(|l| l.ttl_ms).collect::<Vec<_>>())
+            .bind(ns.iter().map(|l| l.acquired_at).collect::<Vec<_>>())
+            .bind(ns.iter().map(|l| l.expires_at).collect::<Vec<_>>())
+            .bind(ns.iter().map(|l| l.ended_at).collect::<Vec<_>>())
+            .bind(
+                ns.iter()
+                    .map(|l| l.request_id.as_ref().map(|r| r.as_str()))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(vs.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>())
+            .bind(vs.iter().map(|(_, v)| v.json.as_str()).collect::<Vec<_>>())
+            .bind(vs.iter().map(|(_, v)| v.token.get()).collect::<Vec<_>>())
+            .bind(vs.iter().map(|(_, v)| v.version).collect::<Vec<_>>())
+            .bind(vs.iter().map(|(_, v)| v.updated_at).collect::<Vec<_>>())
+            .bind(es.iter().map(|e| e.at).collect::<Vec<_>>())
+            .bind(es.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>())
+            .bind(es.iter().map(|e| e.resource.as_str()).collect::<Vec<_>>())
+            .bind(
+                es.iter()
+                    .map(|e| e.token.map(Token::get))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                es.iter()
+                    .map(|e| e.holder.as_ref().map(|h| h.as_str()))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(es.iter().map(|e| e.detail.to_string()).collect::<Vec<_>>())
+            .bind(names(&changes.unused))
+            .bind(LEASE_ENDED_CHANNEL)
+            .bind(names(&changes.ended))
+            .fetch_one(&mut *self.0)
+            .await?;
+        updated += u64::try_from(within_updated).unwrap_or(0);
+        let expected = changes.updated_leases.len() as u64;
+        if updated != expected {
+            return Err(StoreError::Conflict(format!(
+                "updated {updated} of {expected} leases"
+            )));
+        }
         Ok(())
     }
 }

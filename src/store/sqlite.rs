@@ -14,6 +14,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{QueryBuilder, Sqlite, SqlitePool, Transaction};
 
 use super::rows::{EventRow, LeaseRow, ResourceDbRow, ValueRow, into_lease, unix_ms};
+use super::staged::BatchTx;
 use super::types::{
     Event, EventCursor, EventFilter, NewEvent, PruneBatch, ResourceRow, StoredValue,
 };
@@ -357,6 +358,20 @@ impl ResourceTx for SqliteTx {
         sqlx::query("ROLLBACK TO SAVEPOINT batch_request")
             .execute(&mut *self.0)
             .await?;
+        Ok(())
+    }
+}
+
+/// One statement per row: on SQLite a statement is a function call, not a
+/// round trip, so the defaults are the fast way.
+impl BatchTx for SqliteTx {
+    async fn delete_resources(&mut self, names: &[ResourceName]) -> StoreResult<()> {
+        for name in names {
+            sqlx::query("DELETE FROM resources WHERE name = ?")
+                .bind(name.as_str())
+                .execute(&mut *self.0)
+                .await?;
+        }
         Ok(())
     }
 }
