@@ -5,7 +5,7 @@
 # on a fresh PostgreSQL database. Fails on any 5xx and on any response whose
 # status, content type, headers or body the document does not describe.
 #
-# Knobs: FUZZ_EXAMPLES (test cases per operation and phase, default 200),
+# Knobs: FUZZ_EXAMPLES (most generated cases per operation, default 200),
 # FUZZ_SEED (replay a run: schemathesis prints its seed), FUZZ_BACKENDS
 # (default "sqlite postgres").
 set -euo pipefail
