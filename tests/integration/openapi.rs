@@ -329,3 +329,169 @@ async fn the_api_guide_covers_every_route_and_code() {
     assert!(guide.matches("curl ").count() >= operations(&doc).len());
     h.finish().await;
 }
+
+/// Operation ids name operations (links and generated clients use them), so
+/// they are unique; every link names a real operation and its parameters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operation_ids_are_unique_and_every_link_resolves() {
+    let h = Harness::start(&Backend::Sqlite).await;
+    let doc = fetch_document(&h).await;
+    let mut params_by_id = std::collections::BTreeMap::new();
+    for item in doc["paths"].as_object().unwrap().values() {
+        for method in METHODS {
+            let Some(op) = item.get(*method) else {
+                continue;
+            };
+            let id = op["operationId"].as_str().unwrap().to_owned();
+            let params: BTreeSet<String> = op["parameters"]
+                .as_array()
+                .map(|ps| {
+                    ps.iter()
+                        .map(|p| p["name"].as_str().unwrap().to_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            assert!(
+                params_by_id.insert(id.clone(), params).is_none(),
+                "operationId {id} is used twice"
+            );
+        }
+    }
+    let mut links = 0;
+    for item in doc["paths"].as_object().unwrap().values() {
+        for op in item.as_object().unwrap().values() {
+            for response in op["responses"].as_object().unwrap().values() {
+                let Some(map) = response.get("links").and_then(Value::as_object) else {
+                    continue;
+                };
+                for (name, link) in map {
+                    links += 1;
+                    let target = link["operationId"].as_str().unwrap();
+                    let params = params_by_id
+                        .get(target)
+                        .unwrap_or_else(|| panic!("link {name} names no operation: {target}"));
+                    for param in link["parameters"].as_object().unwrap().keys() {
+                        assert!(
+                            params.contains(param),
+                            "link {name}: {target} has no parameter {param}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(links >= 8, "the acquire and write links are documented");
+    h.finish().await;
+}
+
+/// The bounds the document states are the server's own: the domain's
+/// limits, and the server accepts the boundary value and refuses the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_bounds_are_the_servers_bounds() {
+    use palisade::domain::{EventKind, Holder, Reason, RequestId, ResourceName, Ttl, WaitTime};
+
+    let h = Harness::start(&Backend::Sqlite).await;
+    let doc = fetch_document(&h).await;
+    let schemas = &doc["components"]["schemas"];
+    let no_control = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$";
+    let acquire_op = &doc["paths"]["/v1/resources/{name}/acquire"]["post"];
+    let name = &acquire_op["parameters"][0]["schema"];
+    let acquire = &schemas["AcquireBody"]["properties"];
+    let text_fields = [
+        (name, ResourceName::MAX_BYTES, 1),
+        (&acquire["holder"], Holder::MAX_BYTES, 1),
+        (&acquire["request_id"], RequestId::MAX_BYTES, 1),
+        (
+            &schemas["ForceReleaseBody"]["properties"]["reason"],
+            Reason::MAX_BYTES,
+            1,
+        ),
+    ];
+    for (schema, max, min) in text_fields {
+        assert_eq!(schema["maxLength"], max, "{schema}");
+        assert_eq!(schema["minLength"], min, "{schema}");
+        assert_eq!(schema["pattern"], no_control, "{schema}");
+    }
+    let min_ttl = i64::try_from(Ttl::MIN.as_millis()).unwrap();
+    let max_wait = i64::try_from(WaitTime::MAX.as_millis()).unwrap();
+    assert_eq!(acquire["ttl_ms"]["minimum"], min_ttl);
+    assert_eq!(
+        schemas["RenewBody"]["properties"]["ttl_ms"]["minimum"],
+        min_ttl
+    );
+    assert_eq!(acquire["wait_ms"]["minimum"], 0);
+    assert_eq!(acquire["wait_ms"]["maximum"], max_wait);
+    assert_eq!(schemas["FenceBody"]["properties"]["token"]["minimum"], 1);
+    assert_eq!(
+        schemas["WriteValueBody"]["properties"]["token"]["minimum"],
+        1
+    );
+    // Any JSON value, not only objects: a number is stored and read back.
+    for schema in [
+        &schemas["WriteValueBody"]["properties"]["value"],
+        &schemas["ValueBody"]["properties"]["value"],
+    ] {
+        assert!(schema.get("type").is_none(), "value is any JSON: {schema}");
+    }
+
+    let events: Vec<Value> = doc["paths"]["/v1/events"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let param = |n: &str| {
+        events
+            .iter()
+            .find(|p| p["name"] == n)
+            .unwrap_or_else(|| panic!("{n}"))["schema"]
+            .clone()
+    };
+    let kinds: Vec<&str> = EventKind::ALL.iter().map(|k| k.as_str()).collect();
+    assert_eq!(
+        param("kind")["pattern"],
+        format!("^({})?$", kinds.join("|"))
+    );
+    assert_eq!(param("resource")["maxLength"], ResourceName::MAX_BYTES);
+    assert_eq!(param("after")["minimum"], 0);
+    assert_eq!(param("limit")["minimum"], 1);
+    assert_eq!(param("limit")["maximum"], 1000);
+
+    // The server agrees at each boundary.
+    let s = &h.server;
+    let code = |r: &(StatusCode, Value)| r.1["error"]["code"].as_str().unwrap_or("").to_owned();
+    let ok = s
+        .post(
+            "/v1/resources/bounds/acquire",
+            json!({"holder": "h".repeat(Holder::MAX_BYTES), "ttl_ms": min_ttl, "wait_ms": max_wait,
+                   "request_id": "r".repeat(RequestId::MAX_BYTES)}),
+        )
+        .await;
+    assert_eq!(ok.0, StatusCode::OK, "{}", ok.1);
+    for (body, expected) in [
+        (json!({"holder": "h", "ttl_ms": min_ttl - 1}), "invalid_ttl"),
+        (
+            json!({"holder": "h", "ttl_ms": min_ttl, "wait_ms": max_wait + 1}),
+            "invalid_wait",
+        ),
+        (
+            json!({"holder": "h", "ttl_ms": min_ttl, "wait_ms": -1}),
+            "invalid_wait",
+        ),
+        (
+            json!({"holder": "h".repeat(Holder::MAX_BYTES + 1), "ttl_ms": min_ttl}),
+            "invalid_holder",
+        ),
+        (
+            json!({"holder": "a\u{85}b", "ttl_ms": min_ttl}),
+            "invalid_holder",
+        ),
+    ] {
+        let r = s.post("/v1/resources/bounds2/acquire", body).await;
+        assert_eq!(code(&r), expected, "{}", r.1);
+    }
+    assert_eq!(code(&s.fence("bounds", 0).await), "invalid_token");
+    assert_eq!(s.get("/v1/events?limit=1000").await.0, StatusCode::OK);
+    assert_eq!(code(&s.get("/v1/events?limit=1001").await), "invalid_query");
+    assert_eq!(code(&s.get("/v1/events?after=-1").await), "invalid_query");
+    assert_eq!(s.get("/v1/events?after=0&kind=").await.0, StatusCode::OK);
+    h.finish().await;
+}

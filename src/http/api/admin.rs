@@ -17,7 +17,12 @@ use crate::store::ForceReleaseOutcome;
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ForceReleaseBody {
-    /// Why (1–1024 bytes); recorded in the event log.
+    /// Why (1–1024 bytes, no control characters); recorded in the event log.
+    #[schema(
+        min_length = 1,
+        max_length = 1024,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"
+    )]
     reason: String,
 }
 
@@ -27,7 +32,7 @@ pub struct ForceReleaseBody {
     post,
     path = "/v1/admin/resources/{name}/force-release",
     tag = "admin",
-    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`)")),
+    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`): 1–255 bytes of UTF-8, no control characters", min_length = 1, max_length = 255, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")),
     request_body = ForceReleaseBody,
     security(("admin_token" = [])),
     responses(

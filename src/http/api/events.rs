@@ -22,16 +22,21 @@ pub const MAX_LIMIT: i64 = 1000;
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct EventsQuery {
-    /// Only events of this resource.
+    /// Only events of this resource (a resource name: at most 255 bytes,
+    /// no control characters).
+    #[param(max_length = 255, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")]
     resource: Option<String>,
     /// Only events of this kind: acquired, renewed, released, expired,
     /// force_released, write_accepted, write_rejected.
+    #[param(
+        pattern = "^(acquired|renewed|released|expired|force_released|write_accepted|write_rejected)?$"
+    )]
     kind: Option<String>,
     /// Only events with an id greater than this (default 0).
-    #[param(value_type = Option<i64>)]
+    #[param(value_type = Option<i64>, minimum = 0)]
     after: Option<String>,
     /// 1–1000, default 100.
-    #[param(value_type = Option<i64>)]
+    #[param(value_type = Option<i64>, minimum = 1, maximum = 1000)]
     limit: Option<String>,
 }
 

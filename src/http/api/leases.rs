@@ -18,15 +18,27 @@ use crate::store::{AcquireOutcome, AcquireRequest, ReleaseOutcome, RenewOutcome}
 #[serde(deny_unknown_fields)]
 pub struct AcquireBody {
     /// Who is asking: 1–255 bytes, no control characters.
+    #[schema(
+        min_length = 1,
+        max_length = 255,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"
+    )]
     holder: String,
     /// Lease time-to-live: 100 ms up to the server's maximum (default 24 h).
+    #[schema(minimum = 100)]
     ttl_ms: i64,
     /// How long to wait for a held resource, 0–60000 ms.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 60000)]
     wait_ms: i64,
-    /// Idempotency key (≤ 128 bytes): a retry with the same id while the
-    /// lease is active returns the same lease.
+    /// Idempotency key (1–128 bytes, no control characters): a retry with
+    /// the same id while the lease is active returns the same lease.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"
+    )]
     request_id: Option<String>,
 }
 
@@ -38,10 +50,22 @@ pub struct AcquireBody {
     post,
     path = "/v1/resources/{name}/acquire",
     tag = "leases",
-    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`)")),
+    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`): 1–255 bytes of UTF-8, no control characters", min_length = 1, max_length = 255, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")),
     request_body = AcquireBody,
     responses(
-        (status = 200, description = "Granted (or the same lease again, for a retried request_id); the token is greater than every token issued for this resource before", body = LeaseView),
+        (status = 200, description = "Granted (or the same lease again, for a retried request_id); the token is greater than every token issued for this resource before", body = LeaseView,
+            // What a client does next with a lease: the links let API
+            // fuzzers (schemathesis' stateful phase) chain real calls.
+            links(
+                ("renew" = (operation_id = "renew", parameters(("lease_id" = "$response.body#/lease_id")))),
+                ("release" = (operation_id = "release", parameters(("lease_id" = "$response.body#/lease_id")))),
+                ("show_lease" = (operation_id = "show_lease", parameters(("lease_id" = "$response.body#/lease_id")))),
+                ("show_resource" = (operation_id = "show_resource", parameters(("name" = "$request.path.name")))),
+                ("fence" = (operation_id = "fence", parameters(("name" = "$request.path.name")), request_body = json!({"token": "$response.body#/token"}))),
+                ("write_value" = (operation_id = "write_value", parameters(("name" = "$request.path.name")), request_body = json!({"token": "$response.body#/token"}))),
+                ("force_release" = (operation_id = "force_release", parameters(("name" = "$request.path.name")))),
+            )
+        ),
         (status = 400, description = "`invalid_resource`, `invalid_holder`, `invalid_ttl`, `invalid_wait`, `invalid_request_id`, `invalid_json`, `invalid_field`", body = ErrorBody),
         (status = 409, description = "`lock_held`: still held after waiting `wait_ms`; `holder` has the holder, token and expires_at", body = ErrorBody),
         (status = 503, description = "`overloaded`: too many acquires already wait on this instance (only when `wait_ms` > 0); retry", body = ErrorBody),
@@ -111,6 +135,7 @@ fn lease_not_active(lease: &crate::domain::Lease) -> ApiError {
 #[serde(deny_unknown_fields)]
 pub struct RenewBody {
     /// New time-to-live from now; absent (or an empty body) keeps the TTL.
+    #[schema(minimum = 100)]
     ttl_ms: Option<i64>,
 }
 
@@ -173,6 +198,7 @@ pub async fn release(
 #[utoipa::path(
     get,
     path = "/v1/leases/{lease_id}",
+    operation_id = "show_lease",
     tag = "leases",
     params(("lease_id" = String, Path, description = "The lease id returned by acquire (a secret)")),
     responses(

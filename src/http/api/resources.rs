@@ -21,8 +21,9 @@ use crate::store::{FenceOutcome, FenceRejection, ValueWrite};
 #[utoipa::path(
     get,
     path = "/v1/resources/{name}",
+    operation_id = "show_resource",
     tag = "resources",
-    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`)")),
+    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`): 1–255 bytes of UTF-8, no control characters", min_length = 1, max_length = 255, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")),
     responses(
         (status = 200, description = "The resource; `holder` is null when free", body = ResourceBody),
         (status = 400, description = "`invalid_resource`", body = ErrorBody),
@@ -80,6 +81,7 @@ fn rejection(r: &FenceRejection) -> ApiError {
 #[serde(deny_unknown_fields)]
 pub struct FenceBody {
     /// The fencing token the writer holds.
+    #[schema(minimum = 1)]
     token: i64,
 }
 
@@ -88,7 +90,7 @@ pub struct FenceBody {
     post,
     path = "/v1/resources/{name}/fence",
     tag = "resources",
-    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`)")),
+    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`): 1–255 bytes of UTF-8, no control characters", min_length = 1, max_length = 255, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")),
     request_body = FenceBody,
     responses(
         (status = 200, description = "Accepted; the accepted token becomes max(accepted, token)", body = FenceAcceptedBody),
@@ -119,9 +121,11 @@ pub async fn fence(
 #[serde(deny_unknown_fields)]
 pub struct WriteValueBody {
     /// The fencing token of the writer's lease.
+    #[schema(minimum = 1)]
     token: i64,
-    /// Any JSON value, at most 1 MiB.
-    #[schema(value_type = Object)]
+    /// Any JSON value (object, array, string, number, boolean or null), at
+    /// most 1 MiB.
+    #[schema(value_type = Value)]
     value: Box<RawValue>,
 }
 
@@ -156,10 +160,12 @@ fn validate_value(raw: &RawValue) -> Result<ValueWrite, ApiError> {
     put,
     path = "/v1/resources/{name}/value",
     tag = "resources",
-    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`)")),
+    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`): 1–255 bytes of UTF-8, no control characters", min_length = 1, max_length = 255, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")),
     request_body = WriteValueBody,
     responses(
-        (status = 200, description = "Written", body = WriteReceiptBody),
+        (status = 200, description = "Written", body = WriteReceiptBody,
+            links(("read_value" = (operation_id = "read_value", parameters(("name" = "$request.path.name")))))
+        ),
         (status = 400, description = "`invalid_resource`, `invalid_token`, `invalid_value`, `invalid_json`, `invalid_field`", body = ErrorBody),
         (status = 409, description = "`stale_token` or `unknown_token`, as for the fence; nothing was written", body = ErrorBody),
         (status = 413, description = "`value_too_large` (over 1 MiB of JSON) or `payload_too_large`", body = ErrorBody),
@@ -191,7 +197,7 @@ pub async fn write_value(
     get,
     path = "/v1/resources/{name}/value",
     tag = "resources",
-    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`)")),
+    params(("name" = String, Path, description = "Resource name, one percent-encoded path segment (`reports%2Fdaily`): 1–255 bytes of UTF-8, no control characters", min_length = 1, max_length = 255, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")),
     responses(
         (status = 200, description = "The value", body = ValueBody),
         (status = 400, description = "`invalid_resource`", body = ErrorBody),

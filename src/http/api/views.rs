@@ -135,8 +135,8 @@ pub struct EventsBody<'a> {
 
 #[derive(Serialize, ToSchema)]
 pub struct ValueBody<'a> {
-    /// The stored JSON value, exactly as written.
-    #[schema(value_type = Object)]
+    /// The stored JSON value, exactly as written: any JSON value.
+    #[schema(value_type = Value)]
     pub value: &'a RawValue,
     pub token: i64,
     pub version: i64,
