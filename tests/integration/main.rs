@@ -6,6 +6,7 @@
 
 mod support;
 
+mod api_keys;
 mod bad_input;
 mod bench;
 mod browser;
