@@ -21,6 +21,7 @@ mod fairness;
 mod fencing;
 mod group_commit;
 mod history;
+mod hostile_clients;
 mod lifecycle;
 mod limits;
 mod locks;
