@@ -123,9 +123,10 @@ pub struct ServeArgs {
     /// `Authorization: Bearer <key>` (see docs/security.md).
     #[arg(long, env = "PALISADE_API_KEYS_FILE")]
     pub api_keys_file: Option<std::path::PathBuf>,
-    /// How long a client may take to send a request's head (also how long an
-    /// idle keep-alive connection stays open).
-    #[arg(long, env = "PALISADE_REQUEST_HEADER_TIMEOUT_MS", default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    /// How long a client may take to send a request's head; also how long
+    /// an idle keep-alive connection stays open (keep it above a load
+    /// balancer's idle timeout).
+    #[arg(long, env = "PALISADE_REQUEST_HEADER_TIMEOUT_MS", default_value_t = 75_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub request_header_timeout_ms: u64,
     /// How long a client may take to send a request's body once the head
     /// has arrived; slower bodies get 408 `request_timeout`.

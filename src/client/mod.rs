@@ -116,6 +116,10 @@ impl ClientBuilder {
         let http = reqwest::Client::builder()
             .timeout(self.timeout)
             .connect_timeout(self.connect_timeout)
+            // Below the server's default idle keep-alive limit (75 s), so
+            // the client drops an idle connection before the server does
+            // and never sends a request into one that is closing.
+            .pool_idle_timeout(Duration::from_secs(50))
             .user_agent(self.user_agent.clone())
             .build()
             .map_err(Error::Transport)?;

@@ -20,9 +20,12 @@ use tower_http::timeout::DeadlineBody;
 /// How long a client may take to send a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientTimeouts {
-    /// From the first byte the server waits for until the end of the
-    /// request head. Also ends a keep-alive connection that stays idle this
-    /// long.
+    /// From when the server starts waiting for a request until its head
+    /// has arrived. The wait starts when the previous response is sent, so
+    /// this is also how long an idle keep-alive connection stays open: keep
+    /// it above the idle timeout of any load balancer in front (60 s on
+    /// common ones), or the balancer may reuse a connection just as it
+    /// closes.
     pub header: Duration,
     /// From the end of the head until the end of the body; past it, reading
     /// the body fails with 408 `request_timeout` and the connection closes.
@@ -32,7 +35,7 @@ pub struct ClientTimeouts {
 impl Default for ClientTimeouts {
     fn default() -> Self {
         Self {
-            header: Duration::from_secs(15),
+            header: Duration::from_secs(75),
             body: Duration::from_secs(30),
         }
     }
