@@ -615,3 +615,43 @@ async fn a_bad_key_file_is_a_clear_startup_error() {
     }
     db.drop_db().await;
 }
+
+/// The OpenAPI document says which routes take a key: the keyed ones allow
+/// no credential (keys off) or the `api_key` bearer, and list 401 and 403;
+/// the admin route keeps the admin token only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_describes_the_api_key() {
+    let h = Harness::start(&Backend::Sqlite).await;
+    let (status, doc) = h.server.get("/v1/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    let scheme = &doc["components"]["securitySchemes"]["api_key"];
+    assert_eq!(
+        (scheme["type"].as_str(), scheme["scheme"].as_str()),
+        (Some("http"), Some("bearer"))
+    );
+    let mut keyed = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let security = op["security"].as_array().cloned().unwrap_or_default();
+            let takes_key = security.iter().any(|s| s.get("api_key").is_some());
+            let tagged = op["tags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| ["leases", "resources", "events"].contains(&t.as_str().unwrap()));
+            assert_eq!(takes_key, tagged, "{method} {path}");
+            if tagged {
+                keyed += 1;
+                assert!(security.contains(&json!({})), "{method} {path}: optional");
+                for status in ["401", "403"] {
+                    let text = op["responses"][status]["description"].as_str().unwrap();
+                    assert!(text.contains("`unauthorized`") || text.contains("`forbidden`"));
+                }
+            }
+        }
+    }
+    assert_eq!(keyed, 9);
+    let admin = &doc["paths"]["/v1/admin/resources/{name}/force-release"]["post"];
+    assert_eq!(admin["security"], json!([{"admin_token": []}]));
+    h.finish().await;
+}
