@@ -94,14 +94,6 @@ pub struct App {
 
 impl App {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let store = Store::connect(&config.database_url)
-            .await
-            .with_context(|| {
-                format!("cannot open the {} database", scheme(&config.database_url))
-            })?;
-        let listener = TcpListener::bind(&config.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", config.listen))?;
         let admin_token = match config.admin_token.filter(|t| !t.is_empty()) {
             Some(token) => AdminToken::new(token),
             None => {
@@ -115,10 +107,19 @@ impl App {
                 token
             }
         };
+        // Before the database is touched: a bad key file changes nothing.
         let api_keys = match &config.api_keys_file {
             Some(path) => Some(Arc::new(load_api_keys(path, &admin_token)?)),
             None => None,
         };
+        let store = Store::connect(&config.database_url)
+            .await
+            .with_context(|| {
+                format!("cannot open the {} database", scheme(&config.database_url))
+            })?;
+        let listener = TcpListener::bind(&config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
         let ui_access = UiAccess::for_listener(listener.local_addr().ok(), config.ui_token);
         let stop = CancellationToken::new();
         let limits = Limits {

@@ -613,6 +613,11 @@ async fn a_bad_key_file_is_a_clear_startup_error() {
             "{err}"
         );
     }
+    let database = db.url.trim_start_matches("sqlite://");
+    assert!(
+        !std::path::Path::new(database).exists(),
+        "the database was not touched"
+    );
     db.drop_db().await;
 }
 
