@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -13,7 +14,9 @@ use tokio_util::sync::CancellationToken;
 use std::sync::Arc;
 
 use crate::http::auth::AdminToken;
+use crate::http::keys::ApiKeys;
 use crate::http::limits::RateLimiter;
+use crate::http::server::{self, ClientTimeouts};
 use crate::http::ui::UiAccess;
 use crate::http::{self, AppState};
 use crate::metrics::{self, Metrics, MetricsConfig};
@@ -44,6 +47,11 @@ pub struct Config {
     pub event_retention: Option<RetentionConfig>,
     /// Batch concurrent writes into shared transactions (off by default).
     pub group_commit: Option<GroupCommitConfig>,
+    /// Client API keys scoped to resource prefixes; `None` leaves the lock
+    /// API open.
+    pub api_keys_file: Option<PathBuf>,
+    /// How long a client may take to send its request head and body.
+    pub client_timeouts: ClientTimeouts,
 }
 
 impl Config {
@@ -66,6 +74,8 @@ impl Config {
                 u64::from(RetentionConfig::DEFAULT_DAYS) * 86_400,
             ))),
             group_commit: None,
+            api_keys_file: None,
+            client_timeouts: ClientTimeouts::default(),
         }
     }
 }
@@ -79,18 +89,11 @@ pub struct App {
     event_retention: Option<RetentionConfig>,
     stop: CancellationToken,
     demo: bool,
+    client_timeouts: ClientTimeouts,
 }
 
 impl App {
     pub async fn build(config: Config) -> anyhow::Result<Self> {
-        let store = Store::connect(&config.database_url)
-            .await
-            .with_context(|| {
-                format!("cannot open the {} database", scheme(&config.database_url))
-            })?;
-        let listener = TcpListener::bind(&config.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", config.listen))?;
         let admin_token = match config.admin_token.filter(|t| !t.is_empty()) {
             Some(token) => AdminToken::new(token),
             None => {
@@ -104,6 +107,19 @@ impl App {
                 token
             }
         };
+        // Before the database is touched: a bad key file changes nothing.
+        let api_keys = match &config.api_keys_file {
+            Some(path) => Some(Arc::new(load_api_keys(path, &admin_token)?)),
+            None => None,
+        };
+        let store = Store::connect(&config.database_url)
+            .await
+            .with_context(|| {
+                format!("cannot open the {} database", scheme(&config.database_url))
+            })?;
+        let listener = TcpListener::bind(&config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
         let ui_access = UiAccess::for_listener(listener.local_addr().ok(), config.ui_token);
         let stop = CancellationToken::new();
         let limits = Limits {
@@ -124,6 +140,7 @@ impl App {
                 ui_access,
                 rate_limiter: RateLimiter::new(config.rate_limit_per_sec, config.rate_limit_burst)
                     .map(Arc::new),
+                api_keys,
             },
             store,
             sweep_interval: config.sweep_interval,
@@ -131,6 +148,7 @@ impl App {
             event_retention: config.event_retention,
             stop,
             demo: config.demo,
+            client_timeouts: config.client_timeouts,
         })
     }
 
@@ -158,6 +176,7 @@ impl App {
             event_retention,
             stop,
             demo,
+            client_timeouts,
         } = self;
         let mut tasks = JoinSet::new();
         tasks.spawn(service::run_expiry_sweeper(
@@ -188,21 +207,52 @@ impl App {
 
         tracing::info!(addr = %listener.local_addr()?, backend = store.backend_name(), "palisade listening");
         let stop_on_signal = stop.clone();
-        let app = http::router(state).into_make_service_with_connect_info::<SocketAddr>();
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                tracing::info!("shutting down: finishing in-flight requests");
-                stop_on_signal.cancel();
-            })
-            .await;
+        server::serve(listener, http::router(state), client_timeouts, async move {
+            shutdown.await;
+            tracing::info!("shutting down: finishing in-flight requests");
+            stop_on_signal.cancel();
+        })
+        .await;
         stop.cancel();
         while tasks.join_next().await.is_some() {}
         store.close().await;
         tracing::info!("stopped");
-        result.context("server error")
+        Ok(())
     }
 }
+
+/// Loads the key file; any problem stops the start with a clear message.
+fn load_api_keys(path: &std::path::Path, admin_token: &AdminToken) -> anyhow::Result<ApiKeys> {
+    let keys = ApiKeys::load(path)?;
+    if keys.authenticate(admin_token.expose()).is_some() {
+        anyhow::bail!(
+            "API key file {}: a key has the admin token as its secret; give it its own",
+            path.display()
+        );
+    }
+    warn_if_readable_by_others(path);
+    tracing::info!(
+        keys = keys.len(),
+        names = %keys.names().collect::<Vec<_>>().join(","),
+        "API keys loaded: the lock API needs Authorization: Bearer <key>"
+    );
+    Ok(keys)
+}
+
+#[cfg(unix)]
+fn warn_if_readable_by_others(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let shared = std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0);
+    if shared {
+        tracing::warn!(
+            path = %path.display(),
+            "the API key file is readable by other users; chmod 600 it"
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn warn_if_readable_by_others(_: &std::path::Path) {}
 
 fn scheme(url: &str) -> &str {
     url.split(':').next().unwrap_or("database")

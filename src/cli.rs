@@ -5,6 +5,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::app::Config;
+use crate::http::server::ClientTimeouts;
 use crate::metrics::{MetricsConfig, ResourceGroupConfig};
 use crate::retention::RetentionConfig;
 use crate::store::GroupCommitConfig;
@@ -16,7 +17,7 @@ use crate::store::GroupCommitConfig;
     about = "A lock service with fencing tokens",
     after_help = "Client commands exit with 0 ok, 1 other failure, 2 usage or invalid input, 3 held, \
                   4 stale or unknown token, 5 not found, 6 lease not active, 7 server unavailable, \
-                  8 unauthorized; `run` exits with its command's status (see docs/cli.md)."
+                  8 unauthorized or forbidden; `run` exits with its command's status (see docs/cli.md)."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -117,6 +118,20 @@ pub struct ServeArgs {
     /// Most requests in one batch.
     #[arg(long, env = "PALISADE_GROUP_COMMIT_MAX_BATCH", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_000))]
     pub group_commit_max_batch: u64,
+    /// JSON file of client API keys, each limited to resource-name
+    /// prefixes. With it, every lock, fence, value and event route needs
+    /// `Authorization: Bearer <key>` (see docs/security.md).
+    #[arg(long, env = "PALISADE_API_KEYS_FILE")]
+    pub api_keys_file: Option<std::path::PathBuf>,
+    /// How long a client may take to send a request's head; also how long
+    /// an idle keep-alive connection stays open (keep it above a load
+    /// balancer's idle timeout).
+    #[arg(long, env = "PALISADE_REQUEST_HEADER_TIMEOUT_MS", default_value_t = 75_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub request_header_timeout_ms: u64,
+    /// How long a client may take to send a request's body once the head
+    /// has arrived; slower bodies get 408 `request_timeout`.
+    #[arg(long, env = "PALISADE_REQUEST_BODY_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub request_body_timeout_ms: u64,
 }
 
 impl ServeArgs {
@@ -149,6 +164,11 @@ impl ServeArgs {
                 writers: usize::try_from(self.group_commit_writers).unwrap_or(1),
                 max_batch: usize::try_from(self.group_commit_max_batch).unwrap_or(1),
             }),
+            api_keys_file: self.api_keys_file,
+            client_timeouts: ClientTimeouts {
+                header: Duration::from_millis(self.request_header_timeout_ms),
+                body: Duration::from_millis(self.request_body_timeout_ms),
+            },
         }
     }
 }
@@ -172,6 +192,31 @@ mod tests {
         assert_eq!(config.metrics_refresh, Duration::from_secs(2));
         let retention = config.event_retention.unwrap();
         assert_eq!(retention.max_age, Duration::from_secs(30 * 86_400));
+        assert_eq!(config.api_keys_file, None, "keys are off by default");
+        assert_eq!(config.client_timeouts, ClientTimeouts::default());
+    }
+
+    #[test]
+    fn key_file_and_client_timeout_flags() {
+        let config = serve(&[
+            "--api-keys-file",
+            "/etc/palisade/keys.json",
+            "--request-header-timeout-ms",
+            "2000",
+            "--request-body-timeout-ms",
+            "5000",
+        ]);
+        assert_eq!(
+            config.api_keys_file.as_deref(),
+            Some(std::path::Path::new("/etc/palisade/keys.json"))
+        );
+        assert_eq!(
+            config.client_timeouts,
+            ClientTimeouts {
+                header: Duration::from_secs(2),
+                body: Duration::from_secs(5),
+            }
+        );
     }
 
     #[test]

@@ -57,12 +57,17 @@ pub enum Error {
     #[error("{code}: {message}")]
     InvalidInput { code: ErrorCode, message: String },
 
-    /// `unauthorized`: an admin call without the right bearer token.
+    /// `unauthorized`: an admin call without the right bearer token, or a
+    /// call to a server with API keys without a valid key.
     #[error("unauthorized: {message}")]
     Unauthorized { message: String },
 
-    /// `unavailable`, `shutting_down`, `overloaded`, `rate_limited` and
-    /// `conflict`: the server could not do it now; the same request may
+    /// `forbidden`: the API key does not cover this resource.
+    #[error("forbidden: {message}")]
+    Forbidden { message: String },
+
+    /// `unavailable`, `shutting_down`, `overloaded`, `rate_limited`,
+    /// `request_timeout` and `conflict`: the server could not do it now; the same request may
     /// succeed shortly.
     #[error("{code}: {message}")]
     Unavailable { code: ErrorCode, message: String },
@@ -91,6 +96,7 @@ impl Error {
             Error::LeaseNotActive { .. } => Some(ErrorCode::LeaseNotActive),
             Error::NotHeld { .. } => Some(ErrorCode::LockNotHeld),
             Error::Unauthorized { .. } => Some(ErrorCode::Unauthorized),
+            Error::Forbidden { .. } => Some(ErrorCode::Forbidden),
             Error::NotFound { code, .. }
             | Error::InvalidInput { code, .. }
             | Error::Unavailable { code, .. } => Some(*code),
@@ -178,7 +184,9 @@ impl Error {
             | ErrorCode::ValueTooLarge
             | ErrorCode::MethodNotAllowed => Error::InvalidInput { code, message },
             ErrorCode::Unauthorized => Error::Unauthorized { message },
+            ErrorCode::Forbidden => Error::Forbidden { message },
             ErrorCode::Unavailable
+            | ErrorCode::RequestTimeout
             | ErrorCode::ShuttingDown
             | ErrorCode::Conflict
             | ErrorCode::RateLimited

@@ -52,7 +52,8 @@ pub struct ClientBuilder {
     base_url: String,
     timeout: Duration,
     connect_timeout: Duration,
-    bearer_token: Option<String>,
+    bearer_token: Option<Secret>,
+    api_key: Option<Secret>,
     user_agent: String,
     retries: u32,
     retry_backoff: Duration,
@@ -72,8 +73,17 @@ impl ClientBuilder {
     }
 
     /// Sent as `Authorization: Bearer …` (the admin token for admin calls).
+    /// Without an [`api_key`](Self::api_key) it is sent on every call.
     pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
-        self.bearer_token = Some(token.into());
+        self.bearer_token = Some(Secret(token.into()));
+        self
+    }
+
+    /// A client API key, for servers started with `--api-keys-file`: sent
+    /// as `Authorization: Bearer …` on every call except admin calls, which
+    /// send the [`bearer_token`](Self::bearer_token).
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(Secret(key.into()));
         self
     }
 
@@ -106,6 +116,10 @@ impl ClientBuilder {
         let http = reqwest::Client::builder()
             .timeout(self.timeout)
             .connect_timeout(self.connect_timeout)
+            // Below the server's default idle keep-alive limit (75 s), so
+            // the client drops an idle connection before the server does
+            // and never sends a request into one that is closing.
+            .pool_idle_timeout(Duration::from_secs(50))
             .user_agent(self.user_agent.clone())
             .build()
             .map_err(Error::Transport)?;
@@ -113,6 +127,7 @@ impl ClientBuilder {
             http,
             base_url: self.base_url.trim_end_matches('/').to_owned(),
             bearer_token: self.bearer_token,
+            api_key: self.api_key,
             timeout: self.timeout,
             retries: self.retries,
             retry_backoff: self.retry_backoff,
@@ -126,11 +141,22 @@ impl ClientBuilder {
 pub struct Client {
     http: reqwest::Client,
     base_url: String,
-    bearer_token: Option<String>,
+    bearer_token: Option<Secret>,
+    api_key: Option<Secret>,
     timeout: Duration,
     retries: u32,
     retry_backoff: Duration,
     renew_fraction: f64,
+}
+
+/// A credential; `Debug` (so a logged client or builder) never shows it.
+#[derive(Clone)]
+struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 /// A path segment, percent-encoded so `reports/daily` stays one segment.
@@ -152,6 +178,7 @@ impl Client {
             timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             bearer_token: None,
+            api_key: None,
             user_agent: format!("palisade-client/{}", env!("CARGO_PKG_VERSION")),
             retries: 3,
             retry_backoff: Duration::from_millis(200),
@@ -172,8 +199,13 @@ impl Client {
         let req = self
             .http
             .request(method, format!("{}{path}", self.base_url));
-        match &self.bearer_token {
-            Some(token) => req.bearer_auth(token),
+        let credential = if path.starts_with("/v1/admin/") {
+            self.bearer_token.as_ref()
+        } else {
+            self.api_key.as_ref().or(self.bearer_token.as_ref())
+        };
+        match credential {
+            Some(Secret(token)) => req.bearer_auth(token),
             None => req,
         }
     }

@@ -40,7 +40,8 @@ pub enum ExitCode {
     NotActive = 6,
     /// The server is unreachable, timed out or unavailable.
     Unavailable = 7,
-    /// `unauthorized`: a missing or wrong admin token.
+    /// `unauthorized` or `forbidden`: a missing or wrong admin token or API
+    /// key, or an API key that does not cover the resource.
     Unauthorized = 8,
 }
 
@@ -53,7 +54,7 @@ impl ExitCode {
             Error::LeaseNotActive { .. } | Error::NotHeld { .. } => ExitCode::NotActive,
             Error::InvalidInput { .. } => ExitCode::Usage,
             Error::Unavailable { .. } | Error::Transport(_) => ExitCode::Unavailable,
-            Error::Unauthorized { .. } => ExitCode::Unauthorized,
+            Error::Unauthorized { .. } | Error::Forbidden { .. } => ExitCode::Unauthorized,
             _ => ExitCode::Failure,
         }
     }
@@ -75,6 +76,9 @@ pub struct Connection {
     /// Timeout of one request (an acquire's --wait is added to it).
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    /// Client API key, for a server started with --api-keys-file.
+    #[arg(long, env = "PALISADE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
 }
 
 impl Connection {
@@ -82,6 +86,10 @@ impl Connection {
         let builder = Client::builder(&self.server)
             .timeout(self.timeout)
             .user_agent(format!("palisade-cli/{}", env!("CARGO_PKG_VERSION")));
+        let builder = match &self.api_key {
+            Some(key) => builder.api_key(key),
+            None => builder,
+        };
         match bearer {
             Some(token) => builder.bearer_token(token),
             None => builder,
@@ -170,6 +178,10 @@ mod tests {
         assert_eq!(
             ExitCode::of(&Error::from_code(ErrorCode::Internal)).code(),
             1
+        );
+        assert_eq!(
+            ExitCode::of(&Error::from_code(ErrorCode::Forbidden)).code(),
+            8
         );
     }
 }

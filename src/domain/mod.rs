@@ -7,6 +7,7 @@ mod event;
 mod lease;
 mod names;
 mod rules;
+mod scope;
 
 pub use event::{EventKind, ParseEventKindError};
 pub use lease::{Lease, LeaseId, LeaseState, Token};
@@ -15,3 +16,4 @@ pub use rules::{
     AcquireDecision, FenceDecision, LeaseEnding, ReleaseDecision, RenewDecision, StaleReason,
     decide_acquire, decide_fence, decide_release, decide_renew, expire_if_due,
 };
+pub use scope::{ResourcePrefix, Scope};

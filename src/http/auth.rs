@@ -1,10 +1,11 @@
 //! The admin token and the bearer-token check for admin API routes.
+//! (Client API keys for the lock API are in `keys`.)
 
 use std::sync::Arc;
 
 use axum::extract::{FromRef, FromRequestParts};
-use axum::http::header;
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, header};
 use rand::RngCore;
 
 use super::error::ApiError;
@@ -43,6 +44,16 @@ impl std::fmt::Debug for AdminToken {
     }
 }
 
+/// The credential in `Authorization: Bearer <credential>`, if any. The
+/// scheme name is case-insensitive (RFC 9110); surrounding spaces are ignored.
+pub fn presented_bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, credential) = value.trim_start().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| credential.trim())
+}
+
 /// Proof that the request carried `Authorization: Bearer <admin token>`.
 pub struct AdminBearer;
 
@@ -55,13 +66,7 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let token = AdminToken::from_ref(state);
-        let presented = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        match presented {
+        match presented_bearer(&parts.headers) {
             Some(candidate) if token.matches(candidate) => Ok(AdminBearer),
             Some(_) => Err(ApiError::unauthorized("the admin token is not valid")),
             None => Err(ApiError::unauthorized(
@@ -93,5 +98,19 @@ mod tests {
             AdminToken::generate().expose(),
             AdminToken::generate().expose()
         );
+    }
+
+    #[test]
+    fn bearer_credentials_are_found_in_the_authorization_header() {
+        let with = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, value.parse().unwrap());
+            headers
+        };
+        assert_eq!(presented_bearer(&with("Bearer abc")), Some("abc"));
+        assert_eq!(presented_bearer(&with("bearer  abc ")), Some("abc"));
+        assert_eq!(presented_bearer(&with("Basic abc")), None);
+        assert_eq!(presented_bearer(&with("Bearer")), None);
+        assert_eq!(presented_bearer(&HeaderMap::new()), None);
     }
 }

@@ -67,9 +67,11 @@ error_codes! {
     UnsupportedMediaType = "unsupported_media_type", UNSUPPORTED_MEDIA_TYPE, "The body is not sent with Content-Type: application/json.";
     PayloadTooLarge = "payload_too_large", PAYLOAD_TOO_LARGE, "The request body is larger than the server accepts.";
     ValueTooLarge = "value_too_large", PAYLOAD_TOO_LARGE, "The value is more than 1 MiB of JSON.";
-    Unauthorized = "unauthorized", UNAUTHORIZED, "An admin route was called without the right Authorization: Bearer token.";
+    Unauthorized = "unauthorized", UNAUTHORIZED, "An admin route was called without the right Authorization: Bearer token, or, when the server has API keys, a lock API route without a valid key.";
+    Forbidden = "forbidden", FORBIDDEN, "The API key is valid but its resource prefixes do not cover this resource (or this lease's resource); nothing was changed.";
     NotFound = "not_found", NOT_FOUND, "No route has this path.";
     MethodNotAllowed = "method_not_allowed", METHOD_NOT_ALLOWED, "The route does not accept this method.";
+    RequestTimeout = "request_timeout", REQUEST_TIMEOUT, "The request body did not arrive within the server's body timeout; the connection is closed.";
     LeaseNotFound = "lease_not_found", NOT_FOUND, "No lease has this id.";
     ResourceNotFound = "resource_not_found", NOT_FOUND, "The resource has never been used.";
     ValueNotFound = "value_not_found", NOT_FOUND, "No value has been written for this resource.";
@@ -239,6 +241,13 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of a body that is arriving too slowly is not worth
+            // reading: end the connection.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             response

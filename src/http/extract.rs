@@ -35,7 +35,12 @@ fn is_json_content_type(headers: &HeaderMap) -> bool {
 async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<(bool, Bytes), ApiError> {
     let json_type = is_json_content_type(req.headers());
     let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        if body_timed_out(&rejection) {
+            ApiError::new(
+                ErrorCode::RequestTimeout,
+                "the request body did not arrive in time; send it at once",
+            )
+        } else if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
                 ErrorCode::PayloadTooLarge,
                 "request body is larger than the server accepts",
@@ -48,6 +53,19 @@ async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<(bool, Byt
         }
     })?;
     Ok((json_type, bytes))
+}
+
+/// Whether reading the body failed because the server's body deadline
+/// (see `crate::http::server`) passed.
+fn body_timed_out(rejection: &axum::extract::rejection::BytesRejection) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(err) = source {
+        if err.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 fn unsupported_media_type() -> ApiError {

@@ -7,9 +7,11 @@ pub mod auth;
 pub mod error;
 pub mod extract;
 mod health;
+pub mod keys;
 pub mod limits;
 mod metrics;
 pub mod openapi;
+pub mod server;
 pub mod ui;
 
 use std::time::Instant;
@@ -37,6 +39,8 @@ pub struct AppState {
     pub ui_access: ui::UiAccess,
     /// Per-client rate limit; `None` when disabled.
     pub rate_limiter: Option<std::sync::Arc<limits::RateLimiter>>,
+    /// Client API keys for the lock API; `None`: the API is open.
+    pub api_keys: Option<std::sync::Arc<keys::ApiKeys>>,
 }
 
 pub fn router(state: AppState) -> Router {

@@ -6,7 +6,7 @@
 use axum::Json;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -24,6 +24,7 @@ pub const GENERIC_CODES: &[ErrorCode] = &[
     ErrorCode::InvalidBody,
     ErrorCode::NotFound,
     ErrorCode::MethodNotAllowed,
+    ErrorCode::RequestTimeout,
     ErrorCode::Conflict,
     ErrorCode::RateLimited,
     ErrorCode::Unavailable,
@@ -71,6 +72,62 @@ impl Modify for AdminTokenScheme {
                     .build(),
             ),
         );
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "A client API key from the server's --api-keys-file (or the admin token, \
+                         which covers every resource). Needed only when the server has keys.",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// Tags of the operations that need an API key when the server has keys.
+const KEYED_TAGS: &[&str] = &["leases", "resources", "events"];
+
+fn is_keyed(operation: &Operation) -> bool {
+    operation
+        .tags
+        .iter()
+        .flatten()
+        .any(|t| KEYED_TAGS.contains(&t.as_str()))
+}
+
+/// The key requirement and its two refusals, on every keyed operation: no
+/// requirement (keys off) or the `api_key` bearer (keys on).
+fn add_api_key_security(operation: &mut Operation) {
+    operation.security = Some(vec![
+        SecurityRequirement::default(),
+        SecurityRequirement::new("api_key", Vec::<String>::new()),
+    ]);
+    for (status, description) in [
+        (
+            "401",
+            "`unauthorized`: the server has API keys and none, or an unknown one, was sent",
+        ),
+        (
+            "403",
+            "`forbidden`: the API key's prefixes do not cover the resource; nothing changed",
+        ),
+    ] {
+        let response = ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build();
+        operation
+            .responses
+            .responses
+            .insert(status.into(), response.into());
     }
 }
 
@@ -136,6 +193,9 @@ pub fn document() -> Document {
         .build();
     for item in doc.paths.paths.values_mut() {
         for operation in operations(item) {
+            if is_keyed(operation) {
+                add_api_key_security(operation);
+            }
             operation
                 .responses
                 .responses

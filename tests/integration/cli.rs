@@ -32,6 +32,7 @@ fn command(h: &Harness, args: &[&str]) -> Command {
     let mut cmd = Command::new(BIN);
     cmd.args(args)
         .env_remove("PALISADE_ADMIN_TOKEN")
+        .env_remove("PALISADE_API_KEY")
         .env_remove("PALISADE_LEASE_ID")
         .env_remove("PALISADE_TOKEN")
         .env("PALISADE_SERVER", &h.server.base)
@@ -590,6 +591,73 @@ async fn events_follow_prints_new_events_as_json_lines(backend: Backend) {
     assert_eq!(kinds, ["acquired", "write_accepted", "released"]);
     child.start_kill().unwrap();
     let _ = child.wait().await;
+    h.finish().await;
+}
+
+/// `--api-key` / `PALISADE_API_KEY` reach the server; a key outside its
+/// prefixes exits 8, like a missing one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_option_is_sent_and_forbidden_exits_8() {
+    use crate::api_keys::{BILLING_KEY, REPORTS_KEY, start_with_keys};
+    let (h, _keys) = start_with_keys(&Backend::Sqlite).await;
+    let missing = palisade(&h, &["lock", "acquire", "reports/a", "--ttl", "30s"]).await;
+    assert_eq!(missing.code, 8, "{}", missing.stderr);
+    assert!(
+        missing.stderr.contains("unauthorized"),
+        "{}",
+        missing.stderr
+    );
+
+    let acquired = palisade(
+        &h,
+        &[
+            "lock",
+            "acquire",
+            "reports/a",
+            "--ttl",
+            "30s",
+            "--json",
+            "--api-key",
+            REPORTS_KEY,
+        ],
+    )
+    .await;
+    assert_eq!(acquired.code, 0, "{}", acquired.stderr);
+    assert!(!acquired.stderr.contains(REPORTS_KEY));
+    let token = acquired.json()["token"].as_i64().unwrap().to_string();
+
+    let mut put = command(&h, &["value", "put", "reports/a", "--token", &token, "7"]);
+    put.env("PALISADE_API_KEY", REPORTS_KEY);
+    let put = output(put).await;
+    assert_eq!(put.code, 0, "{}", put.stderr);
+
+    let mut foreign = command(&h, &["value", "put", "reports/a", "--token", &token, "8"]);
+    foreign.env("PALISADE_API_KEY", BILLING_KEY);
+    let foreign = output(foreign).await;
+    assert_eq!(foreign.code, 8, "{}", foreign.stderr);
+    assert!(foreign.stderr.contains("forbidden"), "{}", foreign.stderr);
+    assert!(!foreign.stderr.contains(BILLING_KEY));
+
+    // The Rust client: the key goes on lock calls, the admin token on admin calls.
+    let c = Client::builder(&h.server.base)
+        .api_key(REPORTS_KEY)
+        .bearer_token(&h.server.admin_token)
+        .build()
+        .unwrap();
+    assert!(
+        !format!("{c:?}").contains(REPORTS_KEY),
+        "Debug hides the key"
+    );
+    let value = c.read_value::<i64>("reports/a").await.unwrap().unwrap();
+    assert_eq!(value.value, 7);
+    let refused = c.read_value::<i64>("billing/x").await.unwrap_err();
+    assert!(
+        matches!(refused, palisade::client::Error::Forbidden { .. }),
+        "{refused:?}"
+    );
+    c.force_release("reports/a", "admin call with the admin token")
+        .await
+        .unwrap();
     h.finish().await;
 }
 

@@ -77,6 +77,109 @@ async fn a_lost_database_is_a_503_not_a_500() {
     s.stop().await;
 }
 
+/// A TCP proxy in front of PostgreSQL that can go down (every open
+/// connection cut, new ones closed at once, as when the database restarts or
+/// the network fails) and come back up.
+async fn database_proxy(upstream: String) -> (String, tokio::sync::watch::Sender<bool>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (up, _) = tokio::sync::watch::channel(true);
+    let switch = up.clone();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let mut state = up.subscribe();
+            if !*state.borrow_and_update() {
+                continue;
+            }
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                    _ = state.wait_for(|up| !*up) => {}
+                }
+            });
+        }
+    });
+    (addr, switch)
+}
+
+/// The database goes away and comes back: while it is gone requests get 503
+/// `unavailable` and /readyz says not ready; once it is back the same
+/// process, never restarted, is ready again and the lease taken before the
+/// outage can be renewed, written with and released. The outage is staged
+/// in a proxy of the test's own, so the shared server is never disturbed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_resumes_by_itself_when_the_database_returns() {
+    let Some(backend) = Backend::postgres() else {
+        return;
+    };
+    let db = TestDb::create(&backend).await;
+    // postgres://user@HOST:PORT/name?… → the same through the proxy.
+    let (scheme_user, rest) = db.url.split_once('@').unwrap();
+    let (host_port, path) = rest.split_once('/').unwrap();
+    let (proxy, database_up) = database_proxy(host_port.to_owned()).await;
+    let s = TestServer::start(&format!("{scheme_user}@{proxy}/{path}")).await;
+    let lease = s.acquire("r", "before-outage", 60_000).await;
+    let token = lease["token"].as_i64().unwrap();
+
+    database_up.send_replace(false);
+    // Down: every database-backed answer is a 503, nothing is granted.
+    let (status, body) = s
+        .post(
+            "/v1/resources/other/acquire",
+            json!({"holder": "during-outage", "ttl_ms": 60_000}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "unavailable");
+    let (status, body) = s.renew(&lease, json!({})).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let (status, body) = s.fence("r", token).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let (status, body) = s.get("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(s.get("/healthz").await.0, StatusCode::OK);
+
+    // Back up.
+    database_up.send_replace(true);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, _) = s.get("/readyz").await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz never came back: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The lease from before the outage lives on and works.
+    let (status, body) = s.renew(&lease, json!({"ttl_ms": 30_000})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = s.write_value("r", token, json!("after the outage")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = s.release(&lease).await;
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (StatusCode::OK, Some("released")),
+        "{body}"
+    );
+    // New work too; nothing was granted during the outage.
+    let next = s.acquire("r", "after-outage", 60_000).await;
+    assert_eq!(next["token"], token + 1);
+    let (status, body) = s.fence("r", token + 1).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, _) = s.get("/v1/resources/other").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    s.stop().await;
+    db.drop_db().await;
+}
+
 /// SIGTERM: in-flight requests finish (a waiting acquire is answered at
 /// once), then the process exits cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,6 +6,7 @@
 
 mod support;
 
+mod api_keys;
 mod bad_input;
 mod bench;
 mod browser;
@@ -20,6 +21,7 @@ mod fairness;
 mod fencing;
 mod group_commit;
 mod history;
+mod hostile_clients;
 mod lifecycle;
 mod limits;
 mod locks;

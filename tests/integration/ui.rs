@@ -15,20 +15,21 @@ const SCRIPT_NAME: &str = "<script>alert(1)</script>";
 const ATTR_NAME: &str = "\"><svg onload=alert(1)>";
 
 /// A browser-like client: no redirects followed, cookies kept by hand.
-struct Browser {
-    client: reqwest::Client,
+/// (Also used by `hostile_clients` for cross-site requests.)
+pub(crate) struct Browser {
+    pub(crate) client: reqwest::Client,
     base: String,
     cookies: Vec<(String, String)>,
 }
 
-struct Page {
-    status: StatusCode,
+pub(crate) struct Page {
+    pub(crate) status: StatusCode,
     headers: HeaderMap,
-    body: String,
+    pub(crate) body: String,
 }
 
 impl Browser {
-    fn new(server: &TestServer) -> Browser {
+    pub(crate) fn new(server: &TestServer) -> Browser {
         Browser {
             client: reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
@@ -40,7 +41,7 @@ impl Browser {
         }
     }
 
-    fn cookie_header(&self) -> String {
+    pub(crate) fn cookie_header(&self) -> String {
         self.cookies
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
@@ -77,7 +78,7 @@ impl Browser {
         }
     }
 
-    async fn get(&mut self, path: &str) -> Page {
+    pub(crate) async fn get(&mut self, path: &str) -> Page {
         let req = self.client.get(format!("{}{path}", self.base));
         self.send(req).await
     }
@@ -101,7 +102,7 @@ impl Browser {
         csrf_of(&page.body)
     }
 
-    async fn sign_in(&mut self, token: &str) -> Page {
+    pub(crate) async fn sign_in(&mut self, token: &str) -> Page {
         let csrf = self.csrf("/ui/sign-in").await;
         self.post_form(
             "/ui/sign-in",
@@ -111,7 +112,7 @@ impl Browser {
     }
 }
 
-fn csrf_of(html: &str) -> String {
+pub(crate) fn csrf_of(html: &str) -> String {
     let marker = "name=\"csrf\" value=\"";
     let start = html.find(marker).expect("page has a CSRF field") + marker.len();
     html[start..].split('"').next().unwrap().to_owned()

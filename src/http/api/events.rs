@@ -10,6 +10,7 @@ use super::views::{EventView, EventsBody};
 use crate::domain::{EventKind, ResourceName};
 use crate::http::AppState;
 use crate::http::error::{ApiError, ErrorCode};
+use crate::http::keys::ClientAccess;
 use crate::http::openapi::ErrorBody;
 use crate::store::EventFilter;
 
@@ -97,10 +98,12 @@ impl EventsQuery {
 )]
 pub async fn list(
     State(state): State<AppState>,
+    access: ClientAccess,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::new(ErrorCode::InvalidQuery, e.body_text()))?;
     let filter = query.into_filter()?;
+    access.check_events(filter.resource.as_ref())?;
     let events = state.service.events(&filter).await?;
     let next_after = events.last().map_or(filter.after, |e| e.id);
     let body = EventsBody {

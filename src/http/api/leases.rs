@@ -11,6 +11,7 @@ use crate::domain::{Holder, LeaseId, RequestId, Ttl, WaitTime};
 use crate::http::AppState;
 use crate::http::error::{ApiError, ErrorCode};
 use crate::http::extract::{ApiJson, LeasePath, OptionalJson, ResourcePath};
+use crate::http::keys::ClientAccess;
 use crate::http::openapi::ErrorBody;
 use crate::store::{AcquireOutcome, AcquireRequest, ReleaseOutcome, RenewOutcome};
 
@@ -73,12 +74,14 @@ pub struct AcquireBody {
 )]
 pub async fn acquire(
     State(state): State<AppState>,
+    access: ClientAccess,
     path: Result<ResourcePath, ApiError>,
     body: Result<ApiJson<AcquireBody>, ApiError>,
 ) -> Result<Response, ApiError> {
     let (request, wait) = acquire_request(&state, path, body).inspect_err(|_| {
         state.service.metrics().acquire_invalid();
     })?;
+    access.check(&request.resource)?;
     let acquired = state.service.acquire(request, wait).await?;
     match acquired.outcome {
         AcquireOutcome::Granted { lease, .. } | AcquireOutcome::Existing(lease) => {
@@ -155,6 +158,7 @@ pub struct RenewBody {
 )]
 pub async fn renew(
     State(state): State<AppState>,
+    access: ClientAccess,
     LeasePath(id): LeasePath,
     OptionalJson(body): OptionalJson<RenewBody>,
 ) -> Result<Json<LeaseView>, ApiError> {
@@ -162,6 +166,7 @@ pub async fn renew(
         .and_then(|b| b.ttl_ms)
         .map(|ms| Ttl::from_millis(ms, state.service.limits().max_ttl))
         .transpose()?;
+    access.check_lease(&state.service, &id).await?;
     match state.service.renew(&id, ttl).await? {
         RenewOutcome::Renewed { lease, .. } => Ok(Json(LeaseView::private(&lease))),
         RenewOutcome::NotActive(lease) => Err(lease_not_active(&lease)),
@@ -183,8 +188,10 @@ pub async fn renew(
 )]
 pub async fn release(
     State(state): State<AppState>,
+    access: ClientAccess,
     LeasePath(id): LeasePath,
 ) -> Result<Json<LeaseView>, ApiError> {
+    access.check_lease(&state.service, &id).await?;
     match state.service.release(&id).await? {
         ReleaseOutcome::Released(lease) | ReleaseOutcome::AlreadyReleased(lease) => {
             Ok(Json(LeaseView::private(&lease)))
@@ -208,6 +215,7 @@ pub async fn release(
 )]
 pub async fn show(
     State(state): State<AppState>,
+    access: ClientAccess,
     LeasePath(id): LeasePath,
 ) -> Result<Json<LeaseView>, ApiError> {
     let lease = state
@@ -215,5 +223,6 @@ pub async fn show(
         .lease(&id)
         .await?
         .ok_or_else(lease_not_found)?;
+    access.check(&lease.resource)?;
     Ok(Json(LeaseView::private(&lease)))
 }

@@ -13,6 +13,7 @@ use crate::domain::{ResourceName, Token};
 use crate::http::AppState;
 use crate::http::error::{ApiError, ErrorCode};
 use crate::http::extract::{ApiJson, ResourcePath};
+use crate::http::keys::ClientAccess;
 use crate::http::openapi::ErrorBody;
 use crate::service::MAX_VALUE_BYTES;
 use crate::store::{FenceOutcome, FenceRejection, ValueWrite};
@@ -32,8 +33,10 @@ use crate::store::{FenceOutcome, FenceRejection, ValueWrite};
 )]
 pub async fn show(
     State(state): State<AppState>,
+    access: ClientAccess,
     ResourcePath(name): ResourcePath,
 ) -> Result<Json<ResourceBody>, ApiError> {
+    access.check(&name)?;
     let view = state
         .service
         .resource(&name)
@@ -100,10 +103,12 @@ pub struct FenceBody {
 )]
 pub async fn fence(
     State(state): State<AppState>,
+    access: ClientAccess,
     ResourcePath(name): ResourcePath,
     ApiJson(body): ApiJson<FenceBody>,
 ) -> Result<Json<FenceAcceptedBody>, ApiError> {
     let token = Token::parse(body.token)?;
+    access.check(&name)?;
     match state.service.fence(&name, token).await? {
         FenceOutcome::Accepted {
             token,
@@ -173,11 +178,13 @@ fn validate_value(raw: &RawValue) -> Result<ValueWrite, ApiError> {
 )]
 pub async fn write_value(
     State(state): State<AppState>,
+    access: ClientAccess,
     ResourcePath(name): ResourcePath,
     ApiJson(body): ApiJson<WriteValueBody>,
 ) -> Result<Json<WriteReceiptBody>, ApiError> {
     let token = Token::parse(body.token)?;
     let value = validate_value(&body.value)?;
+    access.check(&name)?;
     match state.service.write_value(&name, token, value).await? {
         FenceOutcome::Accepted {
             token, version, at, ..
@@ -206,8 +213,10 @@ pub async fn write_value(
 )]
 pub async fn read_value(
     State(state): State<AppState>,
+    access: ClientAccess,
     ResourcePath(name): ResourcePath,
 ) -> Result<Response, ApiError> {
+    access.check(&name)?;
     let stored = state.service.value(&name).await?.ok_or_else(|| {
         ApiError::new(
             ErrorCode::ValueNotFound,
