@@ -164,28 +164,37 @@ async fn run_writer<B: Backend>(
     max_batch: usize,
 ) {
     loop {
-        let batch = {
-            let mut receiver = receiver.lock().await;
-            let Some(first) = receiver.recv().await else {
-                return;
-            };
-            let mut batch = vec![first];
-            while batch.len() < max_batch {
-                match receiver.try_recv() {
-                    Ok(next) => batch.push(next),
-                    Err(_) => break,
-                }
-            }
-            batch
+        // The receiver doubles as the gate: the writer holding it forms and
+        // runs its batch while the others wait, and lets it go just before
+        // committing. So the next batch is formed and run while this one's
+        // commit waits for the disk, and batches stay as large as the
+        // traffic allows instead of being split between writers.
+        let mut gate = receiver.clone().lock_owned().await;
+        let Some(first) = gate.recv().await else {
+            return;
         };
-        run_batch(&backend, batch).await;
+        let mut batch = vec![first];
+        while batch.len() < max_batch {
+            match gate.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        run_batch(&backend, batch, gate).await;
     }
 }
 
 /// Runs one batch in one transaction and answers every request in it: on
 /// the staged fast path when it can, else request by request.
-async fn run_batch<B: Backend>(backend: &B, batch: Vec<Pending>) {
-    match run_staged(backend, &batch).await {
+async fn run_batch<B: Backend, G: Send>(backend: &B, batch: Vec<Pending>, gate: G) {
+    let started = std::time::Instant::now();
+    let staged = run_staged(backend, &batch, gate).await;
+    tracing::trace!(
+        requests = batch.len(),
+        elapsed_us = started.elapsed().as_micros(),
+        "batch"
+    );
+    match staged {
         Staged::Committed(results) => {
             for (pending, result) in batch.into_iter().zip(results) {
                 // The caller may have gone away (request cancelled); its
@@ -214,7 +223,9 @@ enum Staged {
 
 /// The fast path (see [`super::staged`]): lock and load once, run every
 /// request in memory, flush with a few multi-row statements, commit.
-async fn run_staged<B: Backend>(backend: &B, batch: &[Pending]) -> Staged {
+///
+/// `gate` is dropped once the batch's writes are sent, before the commit.
+async fn run_staged<B: Backend, G: Send>(backend: &B, batch: &[Pending], gate: G) -> Staged {
     let not_committed = |err: StoreError| match err {
         StoreError::Unavailable(_) => Staged::Unavailable(err),
         other => Staged::Retry(other.to_string()),
@@ -223,6 +234,7 @@ async fn run_staged<B: Backend>(backend: &B, batch: &[Pending]) -> Staged {
         Ok(tx) => tx,
         Err(err) => return not_committed(err),
     };
+    let started = std::time::Instant::now();
     let mut plan = Plan::default();
     for pending in batch {
         plan_request(&mut plan, &pending.request);
@@ -231,6 +243,7 @@ async fn run_staged<B: Backend>(backend: &B, batch: &[Pending]) -> Staged {
         Ok(staged) => staged,
         Err(err) => return not_committed(err),
     };
+    tracing::trace!(elapsed_us = started.elapsed().as_micros(), "batch loaded");
     let mut results = Vec::with_capacity(batch.len());
     for pending in batch {
         match run_isolated(&mut staged, &pending.request).await {
@@ -242,9 +255,12 @@ async fn run_staged<B: Backend>(backend: &B, batch: &[Pending]) -> Staged {
         return Staged::Retry(why.to_owned());
     }
     let changes = staged.into_changes();
+    tracing::trace!(elapsed_us = started.elapsed().as_micros(), "batch ran");
     if let Err(err) = tx.flush(&changes).await {
         return not_committed(err);
     }
+    drop(gate);
+    tracing::trace!(elapsed_us = started.elapsed().as_micros(), "batch flushed");
     match B::commit(tx).await {
         Ok(()) => Staged::Committed(results),
         Err(err) => Staged::CommitFailed(err),
@@ -405,8 +421,8 @@ mod tests {
         let (write_a, answer_w) = pending(WriteRequest::Fence(name_a, token_1, Some(value)));
         let batch = vec![bad_b, good_a, good_c, write_a];
         match &store {
-            Store::Sqlite(b) => run_batch(b, batch).await,
-            Store::Postgres(b) => run_batch(b, batch).await,
+            Store::Sqlite(b) => run_batch(b, batch, ()).await,
+            Store::Postgres(b) => run_batch(b, batch, ()).await,
         }
         let granted = |answer: StoreResult<WriteReply>| {
             matches!(

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Postgres, QueryBuilder, Transaction};
 
-use super::rows::{EventRow, LeaseRow, ResourceDbRow, ValueRow, into_lease};
+use super::rows::{ClockedLeaseRow, EventRow, LeaseRow, ResourceDbRow, ValueRow, into_lease};
 use super::staged::{BatchTx, Changes};
 use super::types::{
     Event, EventCursor, EventFilter, NewEvent, PruneBatch, ResourceRow, StoredValue,
@@ -464,39 +464,6 @@ del AS (DELETE FROM resources WHERE name = ANY($31) RETURNING 1) \
 SELECT (SELECT count(*) FROM upd) AS updated, \
   (SELECT count(pg_notify($32, n)) FROM unnest($33::text[]) AS n) AS notified";
 
-/// The clock, and a lease when the outer join found one.
-#[derive(sqlx::FromRow)]
-struct ClockedLeaseRow {
-    now: DateTime<Utc>,
-    lease_id: Option<String>,
-    resource: Option<String>,
-    token: Option<i64>,
-    holder: Option<String>,
-    state: Option<String>,
-    ttl_ms: Option<i64>,
-    acquired_at: Option<DateTime<Utc>>,
-    expires_at: Option<DateTime<Utc>>,
-    ended_at: Option<DateTime<Utc>>,
-    request_id: Option<String>,
-}
-
-impl ClockedLeaseRow {
-    fn into_lease_row(self) -> Option<LeaseRow<DateTime<Utc>>> {
-        Some(LeaseRow {
-            lease_id: self.lease_id?,
-            resource: self.resource?,
-            token: self.token?,
-            holder: self.holder?,
-            state: self.state?,
-            ttl_ms: self.ttl_ms?,
-            acquired_at: self.acquired_at?,
-            expires_at: self.expires_at?,
-            ended_at: self.ended_at,
-            request_id: self.request_id,
-        })
-    }
-}
-
 fn names(list: &[ResourceName]) -> Vec<&str> {
     list.iter().map(ResourceName::as_str).collect()
 }
@@ -569,7 +536,7 @@ impl BatchTx for PgTx {
         let token_names: Vec<&str> = tokens.iter().map(|(n, _)| n.as_str()).collect();
         let token_values: Vec<i64> = tokens.iter().map(|(_, t)| t.get()).collect();
         // One row even when no lease matches, to carry the clock.
-        let rows: Vec<ClockedLeaseRow> = sqlx::query_as(&format!(
+        let rows: Vec<ClockedLeaseRow<DateTime<Utc>>> = sqlx::query_as(&format!(
             "WITH clock AS MATERIALIZED (SELECT {NOW} AS now) \
              SELECT clock.now, l.* FROM clock LEFT JOIN ( \
                SELECT {LEASE_COLUMNS} FROM leases WHERE resource = ANY($1) AND state = 'active' \
@@ -586,16 +553,7 @@ impl BatchTx for PgTx {
         .bind(&token_values)
         .fetch_all(&mut *self.0)
         .await?;
-        let now = rows
-            .first()
-            .map(|r| r.now)
-            .ok_or_else(|| StoreError::Corrupt("the clock query returned no row".into()))?;
-        let leases = rows
-            .into_iter()
-            .filter_map(ClockedLeaseRow::into_lease_row)
-            .map(LeaseRow::into_lease)
-            .collect::<StoreResult<_>>()?;
-        Ok((now, leases))
+        ClockedLeaseRow::split(rows)
     }
 
     async fn load_values(

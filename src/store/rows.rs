@@ -70,6 +70,55 @@ pub fn into_lease<T: DbTime>(row: Option<LeaseRow<T>>) -> StoreResult<Option<Lea
     row.map(LeaseRow::into_lease).transpose()
 }
 
+/// The database clock, and a lease when the outer join found one: how a
+/// batch reads the clock and its leases in one query.
+#[derive(sqlx::FromRow)]
+pub struct ClockedLeaseRow<T> {
+    pub now: T,
+    pub lease_id: Option<String>,
+    pub resource: Option<String>,
+    pub token: Option<i64>,
+    pub holder: Option<String>,
+    pub state: Option<String>,
+    pub ttl_ms: Option<i64>,
+    pub acquired_at: Option<T>,
+    pub expires_at: Option<T>,
+    pub ended_at: Option<T>,
+    pub request_id: Option<String>,
+}
+
+impl<T: DbTime + Copy> ClockedLeaseRow<T> {
+    fn into_lease_row(self) -> Option<LeaseRow<T>> {
+        Some(LeaseRow {
+            lease_id: self.lease_id?,
+            resource: self.resource?,
+            token: self.token?,
+            holder: self.holder?,
+            state: self.state?,
+            ttl_ms: self.ttl_ms?,
+            acquired_at: self.acquired_at?,
+            expires_at: self.expires_at?,
+            ended_at: self.ended_at,
+            request_id: self.request_id,
+        })
+    }
+
+    /// The clock and the leases of a query that returns at least one row.
+    pub fn split(rows: Vec<Self>) -> StoreResult<(DateTime<Utc>, Vec<Lease>)> {
+        let now = rows
+            .first()
+            .map(|r| r.now)
+            .ok_or_else(|| corrupt("clock query", "no row"))?
+            .to_utc()?;
+        let leases = rows
+            .into_iter()
+            .filter_map(Self::into_lease_row)
+            .map(LeaseRow::into_lease)
+            .collect::<StoreResult<_>>()?;
+        Ok((now, leases))
+    }
+}
+
 #[derive(sqlx::FromRow)]
 pub struct ResourceDbRow<T> {
     pub name: String,

@@ -13,8 +13,10 @@ use chrono::{DateTime, Utc};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{QueryBuilder, Sqlite, SqlitePool, Transaction};
 
-use super::rows::{EventRow, LeaseRow, ResourceDbRow, ValueRow, into_lease, unix_ms};
-use super::staged::BatchTx;
+use super::rows::{
+    ClockedLeaseRow, EventRow, LeaseRow, ResourceDbRow, ValueRow, into_lease, unix_ms,
+};
+use super::staged::{BatchTx, Changes};
 use super::types::{
     Event, EventCursor, EventFilter, NewEvent, PruneBatch, ResourceRow, StoredValue,
 };
@@ -362,16 +364,214 @@ impl ResourceTx for SqliteTx {
     }
 }
 
-/// One statement per row: on SQLite a statement is a function call, not a
-/// round trip, so the defaults are the fast way.
+/// Multi-row statements: every statement goes through sqlx's worker thread,
+/// so a batch costs a few hand-offs rather than a few per request. The
+/// statements vary with the batch's size, so they are not cached.
 impl BatchTx for SqliteTx {
-    async fn delete_resources(&mut self, names: &[ResourceName]) -> StoreResult<()> {
-        for name in names {
-            sqlx::query("DELETE FROM resources WHERE name = ?")
-                .bind(name.as_str())
-                .execute(&mut *self.0)
+    async fn lock_resources(
+        &mut self,
+        create: &[ResourceName],
+        lock: &[ResourceName],
+        lease_ids: &[LeaseId],
+    ) -> StoreResult<(Vec<ResourceRow>, Vec<ResourceName>)> {
+        // BEGIN IMMEDIATE already holds the database write lock.
+        let mut created = Vec::new();
+        if !create.is_empty() {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO resources (name, created_at, last_activity_at) ",
+            );
+            q.push_values(create, |mut row, name| {
+                row.push_bind(name.as_str()).push(NOW_MS).push(NOW_MS);
+            });
+            q.push(" ON CONFLICT (name) DO NOTHING RETURNING name");
+            let inserted: Vec<String> = q
+                .build_query_scalar()
+                .persistent(false)
+                .fetch_all(&mut *self.0)
                 .await?;
+            for name in inserted {
+                created.push(
+                    ResourceName::parse(name).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                );
+            }
         }
+        let mut q = QueryBuilder::<Sqlite>::new(
+            "SELECT name, last_token, accepted_token, created_at, last_activity_at \
+             FROM resources WHERE name IN (",
+        );
+        push_list(&mut q, lock.iter().map(ResourceName::as_str));
+        q.push(") OR name IN (SELECT resource FROM leases WHERE lease_id IN (");
+        push_list(&mut q, lease_ids.iter().map(LeaseId::as_str));
+        q.push(")) ORDER BY name");
+        let rows: Vec<ResourceDbRow<i64>> = q
+            .build_query_as()
+            .persistent(false)
+            .fetch_all(&mut *self.0)
+            .await?;
+        let rows = rows
+            .into_iter()
+            .map(ResourceDbRow::into_row)
+            .collect::<StoreResult<_>>()?;
+        Ok((rows, created))
+    }
+
+    async fn load_leases(
+        &mut self,
+        resources: &[ResourceName],
+        ids: &[LeaseId],
+        tokens: &[(ResourceName, Token)],
+    ) -> StoreResult<(DateTime<Utc>, Vec<Lease>)> {
+        // One row even when no lease matches, to carry the clock.
+        let mut q = QueryBuilder::<Sqlite>::new(format!(
+            "SELECT clock.now, l.* FROM (SELECT {NOW_MS} AS now) AS clock LEFT JOIN ( \
+             SELECT {LEASE_COLUMNS} FROM leases WHERE state = 'active' AND resource IN ("
+        ));
+        push_list(&mut q, resources.iter().map(ResourceName::as_str));
+        q.push(format!(
+            ") UNION SELECT {LEASE_COLUMNS} FROM leases WHERE lease_id IN ("
+        ));
+        push_list(&mut q, ids.iter().map(LeaseId::as_str));
+        q.push(")");
+        if !tokens.is_empty() {
+            q.push(format!(
+                " UNION SELECT {LEASE_COLUMNS} FROM leases WHERE (resource, token) IN (VALUES "
+            ));
+            let mut pairs = q.separated(", ");
+            for (name, token) in tokens {
+                pairs
+                    .push("(")
+                    .push_bind_unseparated(name.as_str())
+                    .push_unseparated(", ")
+                    .push_bind_unseparated(token.get())
+                    .push_unseparated(")");
+            }
+            q.push(")");
+        }
+        q.push(") AS l ON 1");
+        let rows: Vec<ClockedLeaseRow<i64>> = q
+            .build_query_as()
+            .persistent(false)
+            .fetch_all(&mut *self.0)
+            .await?;
+        ClockedLeaseRow::split(rows)
+    }
+
+    async fn delete_resources(&mut self, names: &[ResourceName]) -> StoreResult<()> {
+        let mut q = QueryBuilder::<Sqlite>::new("DELETE FROM resources WHERE name IN (");
+        push_list(&mut q, names.iter().map(ResourceName::as_str));
+        q.push(")");
+        q.build().persistent(false).execute(&mut *self.0).await?;
         Ok(())
+    }
+
+    async fn flush(&mut self, changes: &Changes) -> StoreResult<()> {
+        if !changes.resources.is_empty() {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "UPDATE resources SET last_token = u.column2, accepted_token = u.column3, \
+                 last_activity_at = u.column4 FROM (",
+            );
+            q.push_values(&changes.resources, |mut row, r| {
+                row.push_bind(r.name.as_str())
+                    .push_bind(r.last_token)
+                    .push_bind(r.accepted_token)
+                    .push_bind(unix_ms(r.last_activity_at));
+            });
+            q.push(") AS u WHERE resources.name = u.column1");
+            q.build().persistent(false).execute(&mut *self.0).await?;
+        }
+        // Endings before new leases: the one-active-lease index is checked
+        // row by row.
+        if !changes.updated_leases.is_empty() {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "UPDATE leases SET state = u.column2, ttl_ms = u.column3, \
+                 expires_at = u.column4, ended_at = u.column5 FROM (",
+            );
+            q.push_values(&changes.updated_leases, |mut row, l| {
+                row.push_bind(l.lease_id.as_str())
+                    .push_bind(l.state.as_str())
+                    .push_bind(l.ttl_ms)
+                    .push_bind(unix_ms(l.expires_at))
+                    .push_bind(l.ended_at.map(unix_ms));
+            });
+            q.push(") AS u WHERE leases.lease_id = u.column1");
+            let updated = q
+                .build()
+                .persistent(false)
+                .execute(&mut *self.0)
+                .await?
+                .rows_affected();
+            let expected = changes.updated_leases.len() as u64;
+            if updated != expected {
+                return Err(StoreError::Conflict(format!(
+                    "updated {updated} of {expected} leases"
+                )));
+            }
+        }
+        if !changes.new_leases.is_empty() {
+            let mut q =
+                QueryBuilder::<Sqlite>::new(format!("INSERT INTO leases ({LEASE_COLUMNS}) "));
+            q.push_values(&changes.new_leases, |mut row, l| {
+                row.push_bind(l.lease_id.as_str())
+                    .push_bind(l.resource.as_str())
+                    .push_bind(l.token.get())
+                    .push_bind(l.holder.as_str())
+                    .push_bind(l.state.as_str())
+                    .push_bind(l.ttl_ms)
+                    .push_bind(unix_ms(l.acquired_at))
+                    .push_bind(unix_ms(l.expires_at))
+                    .push_bind(l.ended_at.map(unix_ms))
+                    .push_bind(l.request_id.as_ref().map(|r| r.as_str()));
+            });
+            q.build().persistent(false).execute(&mut *self.0).await?;
+        }
+        if !changes.values.is_empty() {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO fenced_values (resource, value, token, version, updated_at) ",
+            );
+            q.push_values(&changes.values, |mut row, (name, v)| {
+                row.push_bind(name.as_str())
+                    .push_bind(v.json.as_str())
+                    .push_bind(v.token.get())
+                    .push_bind(v.version)
+                    .push_bind(unix_ms(v.updated_at));
+            });
+            q.push(
+                " ON CONFLICT (resource) DO UPDATE SET value = excluded.value, \
+                 token = excluded.token, version = excluded.version, \
+                 updated_at = excluded.updated_at",
+            );
+            q.build().persistent(false).execute(&mut *self.0).await?;
+        }
+        if !changes.events.is_empty() {
+            // Row ids are handed out in VALUES order: the batch's events keep
+            // the order they happened in.
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "INSERT INTO events (at, kind, resource, token, holder, detail) ",
+            );
+            q.push_values(&changes.events, |mut row, e| {
+                row.push_bind(unix_ms(e.at))
+                    .push_bind(e.kind.as_str())
+                    .push_bind(e.resource.as_str())
+                    .push_bind(e.token.map(Token::get))
+                    .push_bind(e.holder.as_ref().map(|h| h.as_str()))
+                    .push_bind(e.detail.to_string());
+            });
+            q.build().persistent(false).execute(&mut *self.0).await?;
+        }
+        if !changes.unused.is_empty() {
+            self.delete_resources(&changes.unused).await?;
+        }
+        // One process owns an SQLite database; the service wakes its own
+        // waiters after commit, so `changes.ended` needs no announcement.
+        Ok(())
+    }
+}
+
+/// Binds `items` as a comma-separated list (possibly empty: `IN ()` is
+/// valid SQLite and matches nothing).
+fn push_list<'a>(q: &mut QueryBuilder<'a, Sqlite>, items: impl Iterator<Item = &'a str>) {
+    let mut list = q.separated(", ");
+    for item in items {
+        list.push_bind(item);
     }
 }
