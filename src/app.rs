@@ -45,7 +45,8 @@ pub struct Config {
     pub metrics_refresh: Duration,
     /// `None` keeps events forever.
     pub event_retention: Option<RetentionConfig>,
-    /// Batch concurrent writes into shared transactions (off by default).
+    /// Batch concurrent writes into shared transactions (on by default;
+    /// `None` runs one transaction per request).
     pub group_commit: Option<GroupCommitConfig>,
     /// Client API keys scoped to resource prefixes; `None` leaves the lock
     /// API open.

@@ -107,16 +107,18 @@ pub struct ServeArgs {
     /// Events older than this many days are pruned; 0 keeps them forever.
     #[arg(long, env = "PALISADE_EVENT_RETENTION_DAYS", default_value_t = RetentionConfig::DEFAULT_DAYS)]
     pub event_retention_days: u32,
-    /// Experimental: batch concurrent writes into shared transactions
-    /// (group commit). Each request is still answered only after its
-    /// batch commits.
-    #[arg(long, env = "PALISADE_GROUP_COMMIT")]
+    /// Batch concurrent writes into shared transactions (group commit; on
+    /// by default). Each request is still answered only after its batch
+    /// commits. `--group-commit=false` runs one transaction per request.
+    #[arg(long, env = "PALISADE_GROUP_COMMIT", default_value_t = true, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
     pub group_commit: bool,
-    /// Concurrent batch transactions on PostgreSQL (SQLite always uses one).
-    #[arg(long, env = "PALISADE_GROUP_COMMIT_WRITERS", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    /// Batch transactions in flight on PostgreSQL: one is formed and run
+    /// while the others commit (SQLite always uses one).
+    #[arg(long, env = "PALISADE_GROUP_COMMIT_WRITERS", default_value_t = GroupCommitConfig::DEFAULT.writers as u64, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub group_commit_writers: u64,
     /// Most requests in one batch.
-    #[arg(long, env = "PALISADE_GROUP_COMMIT_MAX_BATCH", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    #[arg(long, env = "PALISADE_GROUP_COMMIT_MAX_BATCH", default_value_t = GroupCommitConfig::DEFAULT.max_batch as u64, value_parser = clap::value_parser!(u64).range(1..=1_000))]
     pub group_commit_max_batch: u64,
     /// JSON file of client API keys, each limited to resource-name
     /// prefixes. With it, every lock, fence, value and event route needs

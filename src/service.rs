@@ -370,7 +370,12 @@ pub async fn run_lease_ended_listener(service: LockService, shutdown: Cancellati
             Ok(mut listener) => loop {
                 tokio::select! {
                     received = listener.try_recv() => match received {
-                        Ok(Some(n)) => service.waiters().lease_ended(n.payload()),
+                        Ok(Some(n)) => {
+                            // This instance woke its own waiters already.
+                            if let Some(resource) = pg.announced_elsewhere(n.payload()) {
+                                service.waiters().lease_ended(resource);
+                            }
+                        }
                         Ok(None) => {
                             tracing::warn!("lease notification connection lost; reconnecting");
                             service.waiters().wake_all();

@@ -52,10 +52,21 @@ struct Pending {
 /// How batches are formed.
 #[derive(Debug, Clone, Copy)]
 pub struct GroupCommitConfig {
-    /// Concurrent batch transactions (use 1 on SQLite: one writer).
+    /// Batch transactions in flight: one runs while the others commit
+    /// (SQLite always uses one: it has one writer).
     pub writers: usize,
     /// Most requests in one transaction.
     pub max_batch: usize,
+}
+
+impl GroupCommitConfig {
+    /// Measured best on a 2-core machine with PostgreSQL beside it (see
+    /// docs/performance.md): more writers split the traffic into smaller
+    /// batches and gain nothing.
+    pub const DEFAULT: Self = Self {
+        writers: 2,
+        max_batch: 64,
+    };
 }
 
 /// The handle write requests are submitted through; cheap to clone. The

@@ -93,6 +93,12 @@ fn classify_database_error(code: &str, message: String) -> Option<StoreError> {
         // revoked; system I/O errors; a standby that cannot take writes
         // (during failover): all mean "not now", never "bad request".
         "55P03" | "3D000" | "25006" => Some(StoreError::Unavailable(message)),
+        // "Database is not currently accepting connections" (an operator
+        // turned connections off, e.g. during maintenance). Other 55000
+        // errors are not about availability.
+        "55000" if message.contains("not currently accepting connections") => {
+            Some(StoreError::Unavailable(message))
+        }
         c if c.starts_with("28") || c.starts_with("58") => Some(StoreError::Unavailable(message)),
         "40001" | "40P01" | "23505" => Some(StoreError::Conflict(message)),
         c if c.starts_with("22") => Some(StoreError::InvalidData(message)),
@@ -342,6 +348,12 @@ mod tests {
         ] {
             assert_eq!(kind(code), "unavailable", "postgres {code}");
         }
+        let refused = classify_database_error(
+            "55000",
+            "database \"x\" is not currently accepting connections".into(),
+        );
+        assert!(matches!(refused, Some(StoreError::Unavailable(_))));
+        assert_eq!(kind("55000"), "unclassified");
     }
 
     #[test]

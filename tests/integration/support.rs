@@ -275,28 +275,20 @@ impl Harness {
         Harness { server, db }
     }
 
-    /// A server with group commit on (concurrent writes batched into
-    /// shared transactions).
-    pub async fn start_with_group_commit(backend: &Backend) -> Harness {
+    /// A server with group commit off: one transaction per request.
+    pub async fn start_without_group_commit(backend: &Backend) -> Harness {
         let db = TestDb::create(backend).await;
-        let server = TestServer::start_with(group_commit_config(&db.url)).await;
+        let server = TestServer::start_with(Config {
+            group_commit: None,
+            ..Config::for_tests(&db.url)
+        })
+        .await;
         Harness { server, db }
     }
 
     pub async fn finish(self) {
         self.server.stop().await;
         self.db.drop_db().await;
-    }
-}
-
-/// The test configuration with group commit on.
-pub fn group_commit_config(db_url: &str) -> Config {
-    Config {
-        group_commit: Some(palisade::store::GroupCommitConfig {
-            writers: 4,
-            max_batch: 64,
-        }),
-        ..Config::for_tests(db_url)
     }
 }
 
