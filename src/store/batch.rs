@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, Semaphore, mpsc, oneshot};
 
 use super::ops;
 use super::staged::{BatchTx, Plan, StagedTx};
@@ -85,15 +85,20 @@ impl GroupCommit {
             Store::Sqlite(_) => 1,
             Store::Postgres(_) => config.writers.max(1),
         };
+        // One batch runs at a time; the others commit. Two or three running
+        // at once split the traffic into smaller batches and measured 20–25%
+        // slower (docs/performance.md).
+        let gate = Arc::new(Semaphore::new(1));
         for _ in 0..writers {
             let receiver = receiver.clone();
+            let gate = gate.clone();
             let max_batch = config.max_batch.max(1);
             match store {
                 Store::Sqlite(b) => {
-                    tokio::spawn(run_writer(b.clone(), receiver, max_batch));
+                    tokio::spawn(run_writer(b.clone(), receiver, gate, max_batch));
                 }
                 Store::Postgres(b) => {
-                    tokio::spawn(run_writer(b.clone(), receiver, max_batch));
+                    tokio::spawn(run_writer(b.clone(), receiver, gate, max_batch));
                 }
             }
         }
@@ -172,26 +177,33 @@ fn mismatched() -> StoreError {
 async fn run_writer<B: Backend>(
     backend: B,
     receiver: Arc<Mutex<mpsc::Receiver<Pending>>>,
+    gate: Arc<Semaphore>,
     max_batch: usize,
 ) {
     loop {
-        // The receiver doubles as the gate: the writer holding it forms and
-        // runs its batch while the others wait, and lets it go just before
-        // committing. So the next batch is formed and run while this one's
-        // commit waits for the disk, and batches stay as large as the
-        // traffic allows instead of being split between writers.
-        let mut gate = receiver.clone().lock_owned().await;
-        let Some(first) = gate.recv().await else {
+        // A writer forms and runs its batch holding a permit of the gate and
+        // gives it back just before committing: the next batch is formed
+        // and run while this one's commit waits for the disk, and batches
+        // stay as large as the traffic allows instead of being split
+        // between idle writers.
+        let Ok(permit) = gate.clone().acquire_owned().await else {
             return;
         };
-        let mut batch = vec![first];
-        while batch.len() < max_batch {
-            match gate.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
+        let batch = {
+            let mut receiver = receiver.lock().await;
+            let Some(first) = receiver.recv().await else {
+                return;
+            };
+            let mut batch = vec![first];
+            while batch.len() < max_batch {
+                match receiver.try_recv() {
+                    Ok(next) => batch.push(next),
+                    Err(_) => break,
+                }
             }
-        }
-        run_batch(&backend, batch, gate).await;
+            batch
+        };
+        run_batch(&backend, batch, permit).await;
     }
 }
 

@@ -116,7 +116,15 @@ impl Backend for PgBackend {
     type Tx = PgTx;
 
     async fn begin_write(&self) -> StoreResult<PgTx> {
-        Ok(PgTx(self.pool.begin().await?, self.instance.clone()))
+        // Write statements look rows up by key in arrays of any length:
+        // their generic plans are as good as custom ones and skip planning
+        // on every execution (measured: ~8% more batch throughput). Sent in
+        // the same round trip as BEGIN, for this transaction only.
+        let tx = self
+            .pool
+            .begin_with("BEGIN; SET LOCAL plan_cache_mode = force_generic_plan")
+            .await?;
+        Ok(PgTx(tx, self.instance.clone()))
     }
 
     async fn begin_read(&self) -> StoreResult<PgTx> {
@@ -453,6 +461,15 @@ impl ResourceTx for PgTx {
     }
 }
 
+/// A resource row an `INSERT … ON CONFLICT DO UPDATE` returned, and whether
+/// it was inserted (rather than found and locked).
+#[derive(sqlx::FromRow)]
+struct CreatedResourceRow {
+    #[sqlx(flatten)]
+    row: ResourceDbRow<DateTime<Utc>>,
+    inserted: bool,
+}
+
 /// A fenced value with the resource it belongs to.
 #[derive(sqlx::FromRow)]
 struct NamedValueRow {
@@ -514,44 +531,56 @@ impl BatchTx for PgTx {
         lock: &[ResourceName],
         lease_ids: &[LeaseId],
     ) -> StoreResult<(Vec<ResourceRow>, Vec<ResourceName>)> {
-        let mut created = Vec::new();
-        if !create.is_empty() {
-            // Sorted like the lock below, so concurrent creators of the same
-            // names wait for each other in one order.
-            let inserted: Vec<String> = sqlx::query_scalar(&format!(
-                "INSERT INTO resources (name, created_at, last_activity_at) \
-                 SELECT n, {NOW}, {NOW} FROM unnest($1::text[]) AS n ORDER BY n \
-                 ON CONFLICT (name) DO NOTHING RETURNING name"
-            ))
-            .bind(names(create))
-            .fetch_all(&mut *self.0)
-            .await?;
-            for name in inserted {
-                created.push(
-                    ResourceName::parse(name).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-                );
-            }
-        }
-        if lock.is_empty() && lease_ids.is_empty() {
-            return Ok((Vec::new(), created));
-        }
-        // Rows are locked in the order the sort emits them: every batch
-        // takes its locks in one global order, so batches cannot deadlock.
+        // Existing rows first, locked in the order the sort emits them:
+        // every batch takes its locks in one global order. One array of
+        // names, so the lookup is an index scan (an `OR` with a subquery
+        // would scan the whole table).
         let ids: Vec<&str> = lease_ids.iter().map(LeaseId::as_str).collect();
         let rows: Vec<ResourceDbRow<DateTime<Utc>>> = sqlx::query_as(
             "SELECT name, last_token, accepted_token, created_at, last_activity_at \
-             FROM resources WHERE name = ANY($1) \
-               OR name IN (SELECT resource FROM leases WHERE lease_id = ANY($2)) \
+             FROM resources WHERE name = ANY($1::text[] || \
+               ARRAY(SELECT resource FROM leases WHERE lease_id = ANY($2))) \
              ORDER BY name FOR UPDATE",
         )
         .bind(names(lock))
         .bind(&ids)
         .fetch_all(&mut *self.0)
         .await?;
-        let rows = rows
+        let mut rows: Vec<ResourceRow> = rows
             .into_iter()
             .map(ResourceDbRow::into_row)
             .collect::<StoreResult<_>>()?;
+        // Then the acquires' new resources (rare once a resource has been
+        // used): created, or locked if a concurrent batch created one first.
+        // Waiting here on a concurrent creator while holding locks can, in a
+        // rare race, deadlock; PostgreSQL then aborts one transaction and
+        // its batch runs again on the slow path.
+        let found: HashSet<&ResourceName> = rows.iter().map(|r| &r.name).collect();
+        let missing: Vec<&str> = create
+            .iter()
+            .filter(|n| !found.contains(n))
+            .map(ResourceName::as_str)
+            .collect();
+        let mut created = Vec::new();
+        if !missing.is_empty() {
+            let new_rows: Vec<CreatedResourceRow> = sqlx::query_as(&format!(
+                "INSERT INTO resources (name, created_at, last_activity_at) \
+                 SELECT n, {NOW}, {NOW} FROM unnest($1::text[]) AS n ORDER BY n \
+                 ON CONFLICT (name) DO UPDATE SET name = excluded.name \
+                 RETURNING name, last_token, accepted_token, created_at, last_activity_at, \
+                   (xmax = 0) AS inserted"
+            ))
+            .bind(&missing)
+            .fetch_all(&mut *self.0)
+            .await?;
+            for CreatedResourceRow { row, inserted } in new_rows {
+                let row = row.into_row()?;
+                if inserted {
+                    created.push(row.name.clone());
+                }
+                rows.push(row);
+            }
+        }
         Ok((rows, created))
     }
 

@@ -395,12 +395,15 @@ impl BatchTx for SqliteTx {
                 );
             }
         }
-        let mut q = QueryBuilder::<Sqlite>::new(
-            "SELECT name, last_token, accepted_token, created_at, last_activity_at \
-             FROM resources WHERE name IN (",
-        );
+        // A union of two index lookups (an `OR` with a subquery would scan
+        // the whole table).
+        const COLUMNS: &str =
+            "SELECT name, last_token, accepted_token, created_at, last_activity_at FROM resources";
+        let mut q = QueryBuilder::<Sqlite>::new(format!("{COLUMNS} WHERE name IN ("));
         push_list(&mut q, lock.iter().map(ResourceName::as_str));
-        q.push(") OR name IN (SELECT resource FROM leases WHERE lease_id IN (");
+        q.push(format!(
+            ") UNION {COLUMNS} WHERE name IN (SELECT resource FROM leases WHERE lease_id IN ("
+        ));
         push_list(&mut q, lease_ids.iter().map(LeaseId::as_str));
         q.push(")) ORDER BY name");
         let rows: Vec<ResourceDbRow<i64>> = q
