@@ -442,11 +442,7 @@ mod tests {
         let name_a = ResourceName::parse("a").expect("name");
         let token_1 = Token::parse(1).expect("token");
         let (write_a, answer_w) = pending(WriteRequest::Fence(name_a, token_1, Some(value)));
-        let batch = vec![bad_b, good_a, good_c, write_a];
-        match &store {
-            Store::Sqlite(b) => run_batch(b, batch, ()).await,
-            Store::Postgres(b) => run_batch(b, batch, ()).await,
-        }
+        run_on(&store, vec![bad_b, good_a, good_c, write_a]).await;
         let granted = |answer: StoreResult<WriteReply>| {
             matches!(
                 answer,
@@ -500,15 +496,172 @@ mod tests {
         store.close().await;
     }
 
-    #[tokio::test]
-    async fn a_failure_is_undone_alone_on_sqlite() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let url = format!("sqlite://{}", dir.path().join("batch.db").display());
-        a_failure_is_undone_alone(Store::connect(&url).await.expect("connect")).await;
+    /// A batch whose flush fails (a lease id that already exists, which
+    /// the in-memory view cannot know) runs again request by request: only
+    /// the offending request fails.
+    async fn a_failing_flush_falls_back_and_fails_one_request(store: Store) {
+        let existing = match store
+            .acquire(&acquire("x"))
+            .await
+            .expect("acquire x")
+            .outcome
+        {
+            AcquireOutcome::Granted { lease, .. } => lease,
+            other => panic!("x not granted: {other:?}"),
+        };
+        let mut duplicate = acquire("dup");
+        duplicate.lease_id = existing.lease_id.clone();
+        let (good_a, answer_a) = pending(WriteRequest::Acquire(acquire("a")));
+        let (bad, answer_bad) = pending(WriteRequest::Acquire(duplicate));
+        let (good_c, answer_c) = pending(WriteRequest::Acquire(acquire("c")));
+        run_on(&store, vec![good_a, bad, good_c]).await;
+        for answer in [answer_a, answer_c] {
+            assert!(matches!(
+                answer.await.expect("answered"),
+                Ok(WriteReply::Acquire(Recorded {
+                    outcome: AcquireOutcome::Granted { .. },
+                    ..
+                }))
+            ));
+        }
+        assert!(matches!(
+            answer_bad.await.expect("answered"),
+            Err(StoreError::Conflict(_))
+        ));
+        let dup = ResourceName::parse("dup").expect("name");
+        assert!(store.resource(&dup).await.expect("read").is_none());
+        store.close().await;
     }
 
-    #[tokio::test]
-    async fn a_failure_is_undone_alone_on_postgres() {
+    /// Every kind of request, several on one resource, is answered by the
+    /// staged fast path itself (a read outside what it loaded would send the
+    /// batch to the slow path, silently slower).
+    async fn every_request_kind_runs_on_the_fast_path(store: Store) {
+        let held = match store
+            .acquire(&acquire("held"))
+            .await
+            .expect("acquire")
+            .outcome
+        {
+            AcquireOutcome::Granted { lease, .. } => lease,
+            other => panic!("not granted: {other:?}"),
+        };
+        let renewed = match store
+            .acquire(&acquire("renewed"))
+            .await
+            .expect("acquire")
+            .outcome
+        {
+            AcquireOutcome::Granted { lease, .. } => lease,
+            other => panic!("not granted: {other:?}"),
+        };
+        let name = |n: &str| ResourceName::parse(n).expect("name");
+        let value = |n: i32| ValueWrite {
+            json: format!("{{\"n\": {n}}}"),
+        };
+        let requests = vec![
+            WriteRequest::Acquire(acquire("fresh")),
+            WriteRequest::Fence(
+                name("fresh"),
+                Token::parse(1).expect("token"),
+                Some(value(1)),
+            ),
+            WriteRequest::Fence(name("held"), held.token, Some(value(2))),
+            WriteRequest::Fence(name("held"), held.token, None),
+            WriteRequest::Fence(name("never-used"), Token::parse(9).expect("token"), None),
+            WriteRequest::Renew(renewed.lease_id.clone(), None),
+            WriteRequest::Release(held.lease_id.clone()),
+            WriteRequest::Release(LeaseId::generate()),
+            WriteRequest::Acquire(acquire("held")),
+            WriteRequest::Fence(name("held"), held.token, Some(value(3))),
+            WriteRequest::ForceRelease(
+                name("renewed"),
+                crate::domain::Reason::parse("test").expect("reason"),
+                "admin".into(),
+            ),
+        ];
+        let mut batch = Vec::new();
+        let mut answers = Vec::new();
+        for request in requests {
+            let (p, a) = pending(request);
+            batch.push(p);
+            answers.push(a);
+        }
+        let staged = match &store {
+            Store::Sqlite(b) => run_staged(b, &batch, ()).await,
+            Store::Postgres(b) => run_staged(b, &batch, ()).await,
+        };
+        let results = match staged {
+            Staged::Committed(results) => results,
+            Staged::Retry(why) => panic!("fell back to the slow path: {why}"),
+            Staged::Unavailable(err) | Staged::CommitFailed(err) => panic!("failed: {err}"),
+        };
+        let outcomes: Vec<String> = results
+            .into_iter()
+            .map(|r| match r.expect("request") {
+                WriteReply::Acquire(r) => format!("{:?}", std::mem::discriminant(&r.outcome)),
+                WriteReply::Renew(r) => format!("{:?}", std::mem::discriminant(&r.outcome)),
+                WriteReply::Release(r) => format!("{:?}", std::mem::discriminant(&r.outcome)),
+                WriteReply::ForceRelease(r) => {
+                    format!("{:?}", std::mem::discriminant(&r.outcome))
+                }
+                WriteReply::Fence(r) => match r.outcome {
+                    FenceOutcome::Accepted { version, .. } => format!("accepted {version:?}"),
+                    FenceOutcome::Rejected(rej) => format!("rejected unknown={}", rej.unknown),
+                },
+            })
+            .collect();
+        // Fences: accepted on the lease acquired earlier in the batch, twice
+        // on the held lease (a write then a check), unknown on a resource
+        // never used, stale after the release and re-acquire.
+        assert_eq!(outcomes[1], "accepted Some(1)");
+        assert_eq!(outcomes[2], "accepted Some(1)");
+        assert_eq!(outcomes[3], "accepted None");
+        assert_eq!(outcomes[4], "rejected unknown=true");
+        assert_eq!(outcomes[9], "rejected unknown=false");
+        let value = store
+            .value(&name("held"))
+            .await
+            .expect("read")
+            .expect("value");
+        assert_eq!((value.version, value.token), (1, held.token));
+        let view = store
+            .resource(&name("held"))
+            .await
+            .expect("read")
+            .expect("held");
+        let holder = view.holder.expect("re-acquired");
+        assert_eq!(holder.token.get(), held.token.get() + 1);
+        assert!(
+            store
+                .resource(&name("renewed"))
+                .await
+                .expect("read")
+                .expect("renewed")
+                .holder
+                .is_none(),
+            "force-released"
+        );
+        drop(answers);
+        store.close().await;
+    }
+
+    /// Runs a hand-built batch on `store`'s backend.
+    async fn run_on(store: &Store, batch: Vec<Pending>) {
+        match store {
+            Store::Sqlite(b) => run_batch(b, batch, ()).await,
+            Store::Postgres(b) => run_batch(b, batch, ()).await,
+        }
+    }
+
+    async fn sqlite_store(dir: &tempfile::TempDir) -> Store {
+        let url = format!("sqlite://{}", dir.path().join("batch.db").display());
+        Store::connect(&url).await.expect("connect")
+    }
+
+    /// A store on a fresh PostgreSQL database, and how to drop it; `None`
+    /// when PostgreSQL is not configured outside CI.
+    async fn postgres_store() -> Option<(Store, impl AsyncFnOnce())> {
         use sqlx::Connection;
         let Ok(admin_url) = std::env::var("PALISADE_TEST_POSTGRES_URL") else {
             let in_ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false");
@@ -517,7 +670,7 @@ mod tests {
                 "PALISADE_TEST_POSTGRES_URL is not set in CI: the test must run"
             );
             eprintln!("SKIPPED: PostgreSQL test (set PALISADE_TEST_POSTGRES_URL to run it)");
-            return;
+            return None;
         };
         let name = format!("palisade_batch_{}", hex::encode(rand::random::<[u8; 6]>()));
         let mut admin = sqlx::PgConnection::connect(&admin_url)
@@ -531,10 +684,41 @@ mod tests {
         let store = Store::connect(&format!("{base}/{name}"))
             .await
             .expect("connect");
-        a_failure_is_undone_alone(store).await;
-        sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
-            .execute(&mut admin)
-            .await
-            .expect("drop database");
+        let drop_db = async move || {
+            sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
+                .execute(&mut admin)
+                .await
+                .expect("drop database");
+        };
+        Some((store, drop_db))
+    }
+
+    macro_rules! on_both {
+        ($($case:ident => $sqlite:ident, $postgres:ident;)*) => {$(
+            #[tokio::test]
+            async fn $sqlite() {
+                let dir = tempfile::tempdir().expect("temp dir");
+                $case(sqlite_store(&dir).await).await;
+            }
+
+            #[tokio::test]
+            async fn $postgres() {
+                if let Some((store, drop_db)) = postgres_store().await {
+                    $case(store).await;
+                    drop_db().await;
+                }
+            }
+        )*};
+    }
+
+    on_both! {
+        a_failure_is_undone_alone => a_failure_is_undone_alone_on_sqlite,
+            a_failure_is_undone_alone_on_postgres;
+        a_failing_flush_falls_back_and_fails_one_request =>
+            a_failing_flush_falls_back_and_fails_one_request_on_sqlite,
+            a_failing_flush_falls_back_and_fails_one_request_on_postgres;
+        every_request_kind_runs_on_the_fast_path =>
+            every_request_kind_runs_on_the_fast_path_on_sqlite,
+            every_request_kind_runs_on_the_fast_path_on_postgres;
     }
 }

@@ -100,7 +100,9 @@ fn classify_database_error(code: &str, message: String) -> Option<StoreError> {
             Some(StoreError::Unavailable(message))
         }
         c if c.starts_with("28") || c.starts_with("58") => Some(StoreError::Unavailable(message)),
-        "40001" | "40P01" | "23505" => Some(StoreError::Conflict(message)),
+        // PostgreSQL serialization failure, deadlock, unique violation;
+        // SQLite's primary-key and unique-constraint violations.
+        "40001" | "40P01" | "23505" | "1555" | "2067" => Some(StoreError::Conflict(message)),
         c if c.starts_with("22") => Some(StoreError::InvalidData(message)),
         _ => None,
     }
@@ -361,6 +363,8 @@ mod tests {
         assert_eq!(kind("40001"), "conflict");
         assert_eq!(kind("40P01"), "conflict");
         assert_eq!(kind("23505"), "conflict");
+        assert_eq!(kind("1555"), "conflict");
+        assert_eq!(kind("2067"), "conflict");
         assert_eq!(kind("22P02"), "invalid");
         assert_eq!(kind("42P01"), "unclassified");
     }
