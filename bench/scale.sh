@@ -127,17 +127,17 @@ explain() {
     grep -Ev '^\s*$|^\(|QUERY PLAN|^-+$'
 }
 explain "batch lock (acquire of an existing resource, release by lease id)" \
-  "SELECT name, last_token FROM resources WHERE name = ANY(ARRAY['scale/500000', 'scale/7'])
-   OR name IN (SELECT resource FROM leases WHERE lease_id = ANY(ARRAY[md5('active7')])) ORDER BY name FOR UPDATE"
+  "SELECT name, last_token FROM resources WHERE name = ANY(ARRAY['scale/500000', 'scale/7']
+   || ARRAY(SELECT resource FROM leases WHERE lease_id = ANY(ARRAY[md5('active7')]))) ORDER BY name FOR UPDATE"
 explain "batch load: active leases, leases by id, leases by token" \
   "SELECT lease_id FROM leases WHERE resource = ANY(ARRAY['scale/500000', 'scale/7']) AND state = 'active'
    UNION SELECT lease_id FROM leases WHERE lease_id = ANY(ARRAY[md5('active7')])
    UNION SELECT lease_id FROM leases WHERE (resource, token) IN
      (SELECT r, t FROM unnest(ARRAY['scale/7'], ARRAY[2::bigint]) AS p(r, t))"
 explain "sweeper: due leases (none due among $ACTIVE active)" \
-  "SELECT resource FROM leases WHERE state = 'active' AND expires_at <= clock_timestamp() ORDER BY expires_at LIMIT 500"
+  "SELECT resource FROM leases WHERE state = 'active' AND expires_at <= statement_timestamp() ORDER BY expires_at LIMIT 500"
 explain "active-lease gauge (every 2 s)" \
-  "SELECT count(*) FROM leases WHERE state = 'active' AND expires_at > clock_timestamp()"
+  "SELECT count(*) FROM leases WHERE state = 'active' AND expires_at > statement_timestamp()"
 explain "one resource's events (API and timeline)" \
   "SELECT id FROM events WHERE id > 0 AND resource = 'scale/4242' ORDER BY id LIMIT 100"
 explain "event stream page" \

@@ -116,13 +116,16 @@ impl Backend for PgBackend {
     type Tx = PgTx;
 
     async fn begin_write(&self) -> StoreResult<PgTx> {
-        // Write statements look rows up by key in arrays of any length:
-        // their generic plans are as good as custom ones and skip planning
-        // on every execution (measured: ~8% more batch throughput). Sent in
+        // Every write statement finds its rows through a primary-key or
+        // unique index. Generic plans skip planning on every execution, and
+        // with sequential scans off they use those indexes whatever the
+        // statistics say — a plan cached while the tables were still empty
+        // would otherwise keep scanning them as they grow (measured: a fresh
+        // database ran at 40% speed until autovacuum analysed it). Sent in
         // the same round trip as BEGIN, for this transaction only.
         let tx = self
             .pool
-            .begin_with("BEGIN; SET LOCAL plan_cache_mode = force_generic_plan")
+            .begin_with("BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off")
             .await?;
         Ok(PgTx(tx, self.instance.clone()))
     }
@@ -170,8 +173,11 @@ impl Backend for PgBackend {
 
     async fn due_resources(&self, limit: i64) -> StoreResult<Vec<ResourceName>> {
         let names: Vec<String> = sqlx::query_scalar(
-            "SELECT resource FROM leases WHERE state = 'active' AND expires_at <= clock_timestamp() \
-             ORDER BY expires_at LIMIT $1",
+            // statement_timestamp(), not the volatile clock_timestamp(): a
+            // stable bound is an index range scan, where the volatile one
+            // filters every active lease (17 ms with 100,000 of them).
+            "SELECT resource FROM leases WHERE state = 'active' \
+             AND expires_at <= statement_timestamp() ORDER BY expires_at LIMIT $1",
         )
         .bind(limit)
         .fetch_all(&self.pool)
@@ -184,7 +190,8 @@ impl Backend for PgBackend {
 
     async fn count_active_leases(&self) -> StoreResult<i64> {
         Ok(sqlx::query_scalar(
-            "SELECT count(*) FROM leases WHERE state = 'active' AND expires_at > clock_timestamp()",
+            "SELECT count(*) FROM leases WHERE state = 'active' \
+             AND expires_at > statement_timestamp()",
         )
         .fetch_one(&self.pool)
         .await?)
