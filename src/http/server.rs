@@ -66,6 +66,11 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        // Small responses go out at once instead of waiting for the
+        // client's ACK of the previous segment (Nagle's algorithm).
+        if let Err(err) = stream.set_nodelay(true) {
+            tracing::debug!(error = %err, %peer, "cannot set TCP_NODELAY");
+        }
         let router = router.clone();
         let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
             let mut req = req.map(|body| with_deadline(body, timeouts.body));
