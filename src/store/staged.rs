@@ -97,42 +97,21 @@ impl Changes {
     }
 }
 
-/// The batch primitives each backend supplies. The defaults issue one
-/// statement per row through [`ResourceTx`] (cheap on SQLite, where a
-/// statement is a function call); PostgreSQL overrides them with multi-row
-/// statements, because there every statement is a network round trip.
+/// The batch primitives each backend supplies, as multi-row statements: a
+/// batch costs a few round trips (PostgreSQL) or worker-thread hand-offs
+/// (SQLite) whatever its size.
 pub trait BatchTx: ResourceTx {
-    /// Creates the missing resources of `create`, then locks, in sorted
-    /// order, every resource of `lock` and the resource of every lease in
-    /// `lease_ids` (found before locking: a lease never moves between
-    /// resources). Returns the locked rows and the names this call created.
+    /// Locks, in sorted order, every existing resource of `lock` and the
+    /// resource of every lease in `lease_ids` (found before locking: a
+    /// lease never moves between resources), and creates the resources of
+    /// `create` that are missing. Returns the locked rows (created ones
+    /// included) and the names this call created.
     fn lock_resources(
         &mut self,
         create: &[ResourceName],
         lock: &[ResourceName],
         lease_ids: &[LeaseId],
-    ) -> impl Future<Output = StoreResult<(Vec<ResourceRow>, Vec<ResourceName>)>> + Send {
-        async move {
-            let mut created = Vec::new();
-            for name in create {
-                if self.resource(name, true).await?.is_none() {
-                    self.ensure_resource(name).await?;
-                    created.push(name.clone());
-                }
-            }
-            let mut names: BTreeSet<ResourceName> = lock.iter().cloned().collect();
-            for id in lease_ids {
-                if let Some(lease) = self.lease_by_id(id).await? {
-                    names.insert(lease.resource);
-                }
-            }
-            let mut rows = Vec::new();
-            for name in &names {
-                rows.extend(self.resource(name, true).await?);
-            }
-            Ok((rows, created))
-        }
-    }
+    ) -> impl Future<Output = StoreResult<(Vec<ResourceRow>, Vec<ResourceName>)>> + Send;
 
     /// Deletes resources a batch created but left unused (every request on
     /// them failed), so a failed request leaves nothing behind.
@@ -149,24 +128,10 @@ pub trait BatchTx: ResourceTx {
         names: &[ResourceName],
         ids: &[LeaseId],
         tokens: &[(ResourceName, Token)],
-    ) -> impl Future<Output = StoreResult<(DateTime<Utc>, Vec<Lease>)>> + Send {
-        async move {
-            let now = self.now().await?;
-            let mut leases = Vec::new();
-            for name in names {
-                leases.extend(self.active_lease(name).await?);
-            }
-            for id in ids {
-                leases.extend(self.lease_by_id(id).await?);
-            }
-            for (name, token) in tokens {
-                leases.extend(self.lease_by_token(name, *token).await?);
-            }
-            Ok((now, leases))
-        }
-    }
+    ) -> impl Future<Output = StoreResult<(DateTime<Utc>, Vec<Lease>)>> + Send;
 
-    /// The fenced values of `names` that exist.
+    /// The fenced values of `names` that exist (by default one read per
+    /// name: batches write few values).
     fn load_values(
         &mut self,
         names: &[ResourceName],
@@ -183,40 +148,7 @@ pub trait BatchTx: ResourceTx {
     }
 
     /// Writes `changes` (see [`Changes`] for the order that matters).
-    fn flush(&mut self, changes: &Changes) -> impl Future<Output = StoreResult<()>> + Send {
-        async move {
-            for row in &changes.resources {
-                self.save_resource(row).await?;
-            }
-            for lease in &changes.updated_leases {
-                self.update_lease(lease).await?;
-            }
-            for lease in &changes.new_leases {
-                self.insert_lease(lease).await?;
-            }
-            for (name, value) in &changes.values {
-                let version = self
-                    .upsert_value(name, &value.json, value.token, value.updated_at)
-                    .await?;
-                if version != value.version {
-                    return Err(StoreError::Conflict(format!(
-                        "value of {name:?} is at version {version}, the batch expected {}",
-                        value.version
-                    )));
-                }
-            }
-            for event in &changes.events {
-                self.insert_event(event).await?;
-            }
-            for name in &changes.ended {
-                self.announce_lease_ended(name).await?;
-            }
-            if !changes.unused.is_empty() {
-                self.delete_resources(&changes.unused).await?;
-            }
-            Ok(())
-        }
-    }
+    fn flush(&mut self, changes: &Changes) -> impl Future<Output = StoreResult<()>> + Send;
 }
 
 /// A row and whether the batch changed it.
