@@ -672,7 +672,11 @@ mod tests {
             eprintln!("SKIPPED: PostgreSQL test (set PALISADE_TEST_POSTGRES_URL to run it)");
             return None;
         };
-        let name = format!("palisade_batch_{}", hex::encode(rand::random::<[u8; 6]>()));
+        // `palisade_t_…`: .ci/run drops what an interrupted run leaves.
+        let name = format!(
+            "palisade_t_batch_{}",
+            hex::encode(rand::random::<[u8; 6]>())
+        );
         let mut admin = sqlx::PgConnection::connect(&admin_url)
             .await
             .expect("admin");
