@@ -2,9 +2,10 @@
 //!
 //! A batch of write requests is run in four steps inside one transaction:
 //!
-//! 1. **Lock** every resource the batch touches, in one statement, in a
-//!    fixed (sorted) order — so two batches can never deadlock — after
-//!    creating the resources its acquires name.
+//! 1. **Lock** every existing resource the batch touches, in one statement,
+//!    in a fixed (sorted) order — so two batches can never deadlock — and
+//!    create the missing resources its acquires name (SQLite, whose write
+//!    lock is already held, creates them first).
 //! 2. **Load**, under those locks, everything the requests can read: the
 //!    database clock, each resource's active lease, the leases the requests
 //!    name by id or by token, and the fenced values they write.
@@ -12,8 +13,8 @@
 //!    one-request path — against [`StagedTx`], an in-memory view of the
 //!    loaded rows that records every write. A request that fails is undone
 //!    in memory alone; its batch-mates go on.
-//! 4. **Flush** the recorded writes with a handful of multi-row statements
-//!    ([`BatchTx::flush`]) and commit.
+//! 4. **Flush** the recorded writes with multi-row statements (one on
+//!    PostgreSQL, see [`BatchTx::flush`]) and commit.
 //!
 //! The round trips per batch no longer grow with the number of requests,
 //! which is what lets one commit carry many of them. Anything the in-memory
