@@ -7,7 +7,7 @@ use axum::Json;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, RefOr, ResponseBuilder};
+use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -98,6 +98,19 @@ fn is_keyed(operation: &Operation) -> bool {
         .any(|t| KEYED_TAGS.contains(&t.as_str()))
 }
 
+/// A response with the JSON error body.
+fn error_response(description: impl Into<String>) -> Response {
+    ResponseBuilder::new()
+        .description(description)
+        .content(
+            "application/json",
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                .build(),
+        )
+        .build()
+}
+
 /// The key requirement and its two refusals, on every keyed operation: no
 /// requirement (keys off) or the `api_key` bearer (keys on).
 fn add_api_key_security(operation: &mut Operation) {
@@ -115,15 +128,7 @@ fn add_api_key_security(operation: &mut Operation) {
             "`forbidden`: the API key's prefixes do not cover the resource; nothing changed",
         ),
     ] {
-        let response = ResponseBuilder::new()
-            .description(description)
-            .content(
-                "application/json",
-                ContentBuilder::new()
-                    .schema(Some(Ref::from_schema_name("ErrorBody")))
-                    .build(),
-            )
-            .build();
+        let response = error_response(description);
         operation
             .responses
             .responses
@@ -175,22 +180,14 @@ pub fn documented_routes() -> OpenApiRouter<AppState> {
 /// operation.
 pub fn document() -> Document {
     let (_, mut doc) = documented_routes().split_for_parts();
-    let generic = ResponseBuilder::new()
-        .description(format!(
-            "Errors any request can get: {}",
-            GENERIC_CODES
-                .iter()
-                .map(|c| format!("`{}` ({})", c.as_str(), c.status().as_u16()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
-        .content(
-            "application/json",
-            ContentBuilder::new()
-                .schema(Some(Ref::from_schema_name("ErrorBody")))
-                .build(),
-        )
-        .build();
+    let generic = error_response(format!(
+        "Errors any request can get: {}",
+        GENERIC_CODES
+            .iter()
+            .map(|c| format!("`{}` ({})", c.as_str(), c.status().as_u16()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
     for item in doc.paths.paths.values_mut() {
         for operation in operations(item) {
             if is_keyed(operation) {

@@ -68,6 +68,18 @@ async fn acquire_as(s: &TestServer, key: &str, resource: &str, holder: &str) -> 
     body
 }
 
+/// The lease as its owner (the billing team) reads it now.
+async fn billing_lease(s: &TestServer, lease: &Value) -> (StatusCode, Value) {
+    call(
+        s,
+        Some(BILLING_KEY),
+        Method::GET,
+        &lease_path(lease, ""),
+        None,
+    )
+    .await
+}
+
 fn lease_path(lease: &Value, action: &str) -> String {
     let id = lease["lease_id"].as_str().unwrap();
     if action.is_empty() {
@@ -165,14 +177,7 @@ async fn without_a_valid_key_every_lock_route_is_401_and_nothing_changes(backend
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
 
     // Nothing changed: still held by the same lease, value and events as before.
-    let (status, now) = call(
-        s,
-        Some(BILLING_KEY),
-        Method::GET,
-        &lease_path(&lease, ""),
-        None,
-    )
-    .await;
+    let (status, now) = billing_lease(s, &lease).await;
     assert_eq!(
         (status, now["state"].as_str()),
         (StatusCode::OK, Some("active"))
@@ -379,14 +384,7 @@ async fn a_key_outside_its_prefixes_gets_403_and_nothing_changes(backend: Backen
     );
 
     // Nothing changed.
-    let (_, now) = call(
-        s,
-        Some(BILLING_KEY),
-        Method::GET,
-        &lease_path(&lease, ""),
-        None,
-    )
-    .await;
+    let (_, now) = billing_lease(s, &lease).await;
     assert_eq!(now["state"], "active");
     let (_, resource) = call(
         s,
@@ -465,14 +463,7 @@ async fn one_team_cannot_renew_or_release_another_teams_lease_by_id(backend: Bac
         (StatusCode::NOT_FOUND, json!("lease_not_found"))
     );
 
-    let (_, now) = call(
-        s,
-        Some(BILLING_KEY),
-        Method::GET,
-        &lease_path(&lease, ""),
-        None,
-    )
-    .await;
+    let (_, now) = billing_lease(s, &lease).await;
     assert_eq!(now["state"], "active");
     assert_eq!(now["expires_at"], lease["expires_at"], "not renewed");
     assert_eq!(events(s, "billing/run").await, before);
