@@ -6,6 +6,11 @@ use palisade::cli::{Cli, Command};
 use palisade::store::Store;
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc instead of glibc malloc: allocation-heavy request handling
+/// (hyper, serde_json, sqlx) spent 14% of the server's CPU in malloc/free.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
