@@ -4,6 +4,7 @@
 //! batcher in `src/store/batch.rs`, where the batch is built by hand.)
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -78,12 +79,17 @@ async fn acknowledged_writes_survive_a_crash_mid_batch(backend: Backend) {
             .unwrap();
         tokens.push(lease["token"].as_i64().unwrap());
     }
+    // Acknowledged writes so far, over all writers: the kill waits for
+    // traffic to be flowing rather than for a fixed time (a loaded CI
+    // machine may take longer to answer the first batches).
+    let answered = Arc::new(AtomicUsize::new(0));
     let writers: Vec<_> = tokens
         .iter()
         .copied()
         .enumerate()
         .map(|(r, token)| {
             let (client, base) = (client.clone(), p.base.clone());
+            let answered = answered.clone();
             tokio::spawn(async move {
                 let mut acknowledged = 0;
                 for n in 0.. {
@@ -101,12 +107,22 @@ async fn acknowledged_writes_survive_a_crash_mid_batch(backend: Backend) {
                         break;
                     };
                     acknowledged = body["version"].as_i64().unwrap();
+                    answered.fetch_add(1, Ordering::Relaxed);
                 }
                 acknowledged
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while answered.load(Ordering::Relaxed) < 10 * CLIENTS {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "writes are not being answered"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Into the middle of the following batches.
+    tokio::time::sleep(Duration::from_millis(50)).await;
     p.kill_9();
     let mut acknowledged = Vec::new();
     for writer in writers {
