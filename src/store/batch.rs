@@ -181,37 +181,46 @@ async fn run_writer<B: Backend>(
     max_batch: usize,
 ) {
     loop {
-        // A writer forms and runs its batch holding a permit of the gate and
-        // gives it back just before committing: the next batch is formed
-        // and run while this one's commit waits for the disk, and batches
-        // stay as large as the traffic allows instead of being split
-        // between idle writers.
+        // The first request, then a transaction for it, then the gate: a
+        // writer opens its transaction (one round trip) while the batch
+        // ahead of it still runs, and only forms, locks, loads, runs and
+        // flushes its batch holding the gate's permit. It gives the permit
+        // back just before committing: the next batch runs while this one's
+        // commit waits for the disk, and batches stay as large as the
+        // traffic allows instead of being split between idle writers.
+        let Some(first) = receiver.lock().await.recv().await else {
+            return;
+        };
+        let tx = backend.begin_write().await;
         let Ok(permit) = gate.clone().acquire_owned().await else {
             return;
         };
-        let batch = {
-            let mut receiver = receiver.lock().await;
-            let Some(first) = receiver.recv().await else {
-                return;
-            };
-            let mut batch = vec![first];
+        let mut batch = vec![first];
+        // Never wait for the receiver here: another writer holding it is
+        // waiting for a request, so none is queued, and waiting for it
+        // would hold this batch (and the gate) until traffic arrives.
+        if let Ok(mut receiver) = receiver.try_lock() {
             while batch.len() < max_batch {
                 match receiver.try_recv() {
                     Ok(next) => batch.push(next),
                     Err(_) => break,
                 }
             }
-            batch
-        };
-        run_batch(&backend, batch, permit).await;
+        }
+        run_batch(&backend, tx, batch, permit).await;
     }
 }
 
 /// Runs one batch in one transaction and answers every request in it: on
 /// the staged fast path when it can, else request by request.
-async fn run_batch<B: Backend, G: Send>(backend: &B, batch: Vec<Pending>, gate: G) {
+async fn run_batch<B: Backend, G: Send>(
+    backend: &B,
+    tx: StoreResult<B::Tx>,
+    batch: Vec<Pending>,
+    gate: G,
+) {
     let started = std::time::Instant::now();
-    let staged = run_staged(backend, &batch, gate).await;
+    let staged = run_staged::<B, G>(tx, &batch, gate).await;
     tracing::trace!(
         requests = batch.len(),
         elapsed_us = started.elapsed().as_micros(),
@@ -247,13 +256,18 @@ enum Staged {
 /// The fast path (see [`super::staged`]): lock and load once, run every
 /// request in memory, flush with a few multi-row statements, commit.
 ///
-/// `gate` is dropped once the batch's writes are sent, before the commit.
-async fn run_staged<B: Backend, G: Send>(backend: &B, batch: &[Pending], gate: G) -> Staged {
+/// `tx` is the transaction opened for it (or why it could not be); `gate`
+/// is dropped once the batch's writes are sent, before the commit.
+async fn run_staged<B: Backend, G: Send>(
+    tx: StoreResult<B::Tx>,
+    batch: &[Pending],
+    gate: G,
+) -> Staged {
     let not_committed = |err: StoreError| match err {
         StoreError::Unavailable(_) => Staged::Unavailable(err),
         other => Staged::Retry(other.to_string()),
     };
-    let mut tx = match backend.begin_write().await {
+    let mut tx = match tx {
         Ok(tx) => tx,
         Err(err) => return not_committed(err),
     };
@@ -588,8 +602,22 @@ mod tests {
             answers.push(a);
         }
         let staged = match &store {
-            Store::Sqlite(b) => run_staged(b, &batch, ()).await,
-            Store::Postgres(b) => run_staged(b, &batch, ()).await,
+            Store::Sqlite(b) => {
+                run_staged::<super::super::sqlite::SqliteBackend, _>(
+                    b.begin_write().await,
+                    &batch,
+                    (),
+                )
+                .await
+            }
+            Store::Postgres(b) => {
+                run_staged::<super::super::postgres::PgBackend, _>(
+                    b.begin_write().await,
+                    &batch,
+                    (),
+                )
+                .await
+            }
         };
         let results = match staged {
             Staged::Committed(results) => results,
@@ -646,11 +674,38 @@ mod tests {
         store.close().await;
     }
 
+    /// Requests one at a time, with more writers than traffic: each is
+    /// answered at once (a writer forming a batch never waits for another
+    /// writer that is itself waiting for a request).
+    async fn lone_requests_are_answered_with_idle_writers(store: Store) {
+        let group = GroupCommit::start(
+            &store,
+            GroupCommitConfig {
+                writers: 3,
+                max_batch: 64,
+            },
+        );
+        for i in 0..5 {
+            let answer = tokio::time::timeout(
+                std::time::Duration::from_secs(20),
+                group.acquire(&acquire(&format!("lone-{i}"))),
+            )
+            .await
+            .expect("a lone request is answered");
+            assert!(matches!(
+                answer.expect("acquire").outcome,
+                AcquireOutcome::Granted { .. }
+            ));
+        }
+        drop(group);
+        store.close().await;
+    }
+
     /// Runs a hand-built batch on `store`'s backend.
     async fn run_on(store: &Store, batch: Vec<Pending>) {
         match store {
-            Store::Sqlite(b) => run_batch(b, batch, ()).await,
-            Store::Postgres(b) => run_batch(b, batch, ()).await,
+            Store::Sqlite(b) => run_batch(b, b.begin_write().await, batch, ()).await,
+            Store::Postgres(b) => run_batch(b, b.begin_write().await, batch, ()).await,
         }
     }
 
@@ -724,5 +779,8 @@ mod tests {
         every_request_kind_runs_on_the_fast_path =>
             every_request_kind_runs_on_the_fast_path_on_sqlite,
             every_request_kind_runs_on_the_fast_path_on_postgres;
+        lone_requests_are_answered_with_idle_writers =>
+            lone_requests_are_answered_with_idle_writers_on_sqlite,
+            lone_requests_are_answered_with_idle_writers_on_postgres;
     }
 }
