@@ -15,7 +15,9 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Postgres, QueryBuilder, Transaction};
 
-use super::rows::{ClockedLeaseRow, EventRow, LeaseRow, ResourceDbRow, ValueRow, into_lease};
+use super::rows::{
+    ClockedLeaseRow, EventRow, LeaseRow, NamedValueRow, ResourceDbRow, ValueRow, into_lease,
+};
 use super::staged::{BatchTx, Changes};
 use super::types::{
     Event, EventCursor, EventFilter, NewEvent, PruneBatch, ResourceRow, StoredValue,
@@ -477,14 +479,6 @@ struct CreatedResourceRow {
     inserted: bool,
 }
 
-/// A fenced value with the resource it belongs to.
-#[derive(sqlx::FromRow)]
-struct NamedValueRow {
-    resource: String,
-    #[sqlx(flatten)]
-    value: ValueRow<DateTime<Utc>>,
-}
-
 /// A whole batch's writes in one statement (see `BatchTx::flush`). Event ids
 /// are handed out in the order the rows are inserted, so a batch's events
 /// keep the order they happened in. Lease-ended notifications are delivered
@@ -633,7 +627,7 @@ impl BatchTx for PgTx {
         &mut self,
         resources: &[ResourceName],
     ) -> StoreResult<Vec<(ResourceName, StoredValue)>> {
-        let rows: Vec<NamedValueRow> = sqlx::query_as(
+        let rows: Vec<NamedValueRow<DateTime<Utc>>> = sqlx::query_as(
             "SELECT resource, value::text AS value, token, version, updated_at \
              FROM fenced_values WHERE resource = ANY($1)",
         )
@@ -641,11 +635,7 @@ impl BatchTx for PgTx {
         .fetch_all(&mut *self.0)
         .await?;
         rows.into_iter()
-            .map(|r| {
-                let name = ResourceName::parse(r.resource)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                Ok((name, r.value.into_value()?))
-            })
+            .map(NamedValueRow::into_named_value)
             .collect()
     }
 

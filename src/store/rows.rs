@@ -159,6 +159,21 @@ impl<T: DbTime> ValueRow<T> {
     }
 }
 
+/// A fenced value with the resource it belongs to (a batch's load).
+#[derive(sqlx::FromRow)]
+pub struct NamedValueRow<T> {
+    pub resource: String,
+    #[sqlx(flatten)]
+    pub value: ValueRow<T>,
+}
+
+impl<T: DbTime> NamedValueRow<T> {
+    pub fn into_named_value(self) -> StoreResult<(ResourceName, StoredValue)> {
+        let name = ResourceName::parse(self.resource).map_err(|e| corrupt("resource name", e))?;
+        Ok((name, self.value.into_value()?))
+    }
+}
+
 #[derive(sqlx::FromRow)]
 pub struct EventRow<T> {
     pub id: i64,

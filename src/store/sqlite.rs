@@ -14,7 +14,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{QueryBuilder, Sqlite, SqlitePool, Transaction};
 
 use super::rows::{
-    ClockedLeaseRow, EventRow, LeaseRow, ResourceDbRow, ValueRow, into_lease, unix_ms,
+    ClockedLeaseRow, EventRow, LeaseRow, NamedValueRow, ResourceDbRow, ValueRow, into_lease,
+    unix_ms,
 };
 use super::staged::{BatchTx, Changes};
 use super::types::{
@@ -392,7 +393,7 @@ impl BatchTx for SqliteTx {
                  SELECT value, {NOW_MS}, {NOW_MS} FROM json_each(?1) WHERE true \
                  ON CONFLICT (name) DO NOTHING RETURNING name"
             ))
-            .bind(json_list(create.iter().map(ResourceName::as_str))?)
+            .bind(json_rows(create.iter().map(ResourceName::as_str))?)
             .fetch_all(&mut *self.0)
             .await?;
             for name in inserted {
@@ -411,8 +412,8 @@ impl BatchTx for SqliteTx {
                WHERE lease_id IN (SELECT value FROM json_each(?2))) \
              ORDER BY name"
         ))
-        .bind(json_list(lock.iter().map(ResourceName::as_str))?)
-        .bind(json_list(lease_ids.iter().map(LeaseId::as_str))?)
+        .bind(json_rows(lock.iter().map(ResourceName::as_str))?)
+        .bind(json_rows(lease_ids.iter().map(LeaseId::as_str))?)
         .fetch_all(&mut *self.0)
         .await?;
         let rows = rows
@@ -439,8 +440,8 @@ impl BatchTx for SqliteTx {
                  WHERE (resource, token) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?3)) \
              ) AS l ON 1"
         ))
-        .bind(json_list(resources.iter().map(ResourceName::as_str))?)
-        .bind(json_list(ids.iter().map(LeaseId::as_str))?)
+        .bind(json_rows(resources.iter().map(ResourceName::as_str))?)
+        .bind(json_rows(ids.iter().map(LeaseId::as_str))?)
         .bind(json_rows(
             tokens
                 .iter()
@@ -455,25 +456,21 @@ impl BatchTx for SqliteTx {
         &mut self,
         names: &[ResourceName],
     ) -> StoreResult<Vec<(ResourceName, StoredValue)>> {
-        let rows: Vec<NamedValueRow> = sqlx::query_as(
+        let rows: Vec<NamedValueRow<i64>> = sqlx::query_as(
             "SELECT resource, value, token, version, updated_at FROM fenced_values \
              WHERE resource IN (SELECT value FROM json_each(?1))",
         )
-        .bind(json_list(names.iter().map(ResourceName::as_str))?)
+        .bind(json_rows(names.iter().map(ResourceName::as_str))?)
         .fetch_all(&mut *self.0)
         .await?;
         rows.into_iter()
-            .map(|r| {
-                let name = ResourceName::parse(r.resource)
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                Ok((name, r.value.into_value()?))
-            })
+            .map(NamedValueRow::into_named_value)
             .collect()
     }
 
     async fn delete_resources(&mut self, names: &[ResourceName]) -> StoreResult<()> {
         sqlx::query("DELETE FROM resources WHERE name IN (SELECT value FROM json_each(?1))")
-            .bind(json_list(names.iter().map(ResourceName::as_str))?)
+            .bind(json_rows(names.iter().map(ResourceName::as_str))?)
             .execute(&mut *self.0)
             .await?;
         Ok(())
@@ -572,29 +569,23 @@ impl BatchTx for SqliteTx {
         if !changes.events.is_empty() {
             // Row ids are handed out in array order: the batch's events keep
             // the order they happened in.
-            let details: Vec<String> = changes
-                .events
-                .iter()
-                .map(|e| e.detail.to_string())
-                .collect();
+            // Each detail as the JSON text it is stored as, inside a JSON string.
             sqlx::query(
                 "INSERT INTO events (at, kind, resource, token, holder, detail) \
                  SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
                    value ->> 5 \
                  FROM json_each(?1) ORDER BY key",
             )
-            .bind(json_rows(changes.events.iter().zip(&details).map(
-                |(e, detail)| {
-                    (
-                        unix_ms(e.at),
-                        e.kind.as_str(),
-                        e.resource.as_str(),
-                        e.token.map(Token::get),
-                        e.holder.as_ref().map(|h| h.as_str()),
-                        detail.as_str(),
-                    )
-                },
-            ))?)
+            .bind(json_rows(changes.events.iter().map(|e| {
+                (
+                    unix_ms(e.at),
+                    e.kind.as_str(),
+                    e.resource.as_str(),
+                    e.token.map(Token::get),
+                    e.holder.as_ref().map(|h| h.as_str()),
+                    e.detail.to_string(),
+                )
+            }))?)
             .execute(&mut *self.0)
             .await?;
         }
@@ -607,22 +598,10 @@ impl BatchTx for SqliteTx {
     }
 }
 
-/// A JSON array of strings: one statement parameter for `json_each`.
-fn json_list<'a>(items: impl Iterator<Item = &'a str>) -> StoreResult<String> {
-    json_rows(items)
-}
-
-/// A JSON array of rows (tuples serialise as arrays), read back with
-/// `value ->> i`.
+/// One statement parameter for `json_each`: a JSON array of values (read
+/// back as `value`) or of rows (tuples serialise as arrays, read back with
+/// `value ->> i`).
 fn json_rows<T: serde::Serialize>(rows: impl Iterator<Item = T>) -> StoreResult<String> {
     serde_json::to_string(&rows.collect::<Vec<T>>())
         .map_err(|e| StoreError::InvalidData(format!("batch parameters: {e}")))
-}
-
-/// A fenced value with the resource it belongs to.
-#[derive(sqlx::FromRow)]
-struct NamedValueRow {
-    resource: String,
-    #[sqlx(flatten)]
-    value: ValueRow<i64>,
 }
