@@ -1,15 +1,20 @@
-//! Group commit (off by default): concurrent write requests share one
+//! Group commit (on by default): concurrent write requests share one
 //! transaction, and each is answered only after that transaction commits.
 //!
 //! A few writer tasks (one on SQLite, which has one writer connection; a
-//! small number on PostgreSQL) each take whatever requests are waiting, up
-//! to a batch size, and run them in one transaction. Each request runs
-//! inside its own savepoint, so one that fails is rolled back alone and its
-//! batch-mates still commit. Requests are run in resource-name order (a
-//! fixed global order of row locks), so two batches can never deadlock; two
-//! requests on one resource keep their arrival order under its row lock,
-//! which keeps the event log a serial history. If the commit fails, no
-//! request of the batch was acknowledged, and every one gets the error.
+//! small number on PostgreSQL) each take the first waiting request, open a
+//! transaction, then, holding a one-permit gate, drain whatever else is
+//! waiting (up to a batch size) and run it: on the staged fast path
+//! ([`super::staged`]: lock every resource in one sorted statement, load,
+//! run in memory, flush in multi-row statements), or, when that cannot
+//! answer for certain, request by request, each in its own savepoint so
+//! one that fails is rolled back alone while its batch-mates still commit.
+//! Rows are locked in resource-name order (a fixed global order), so two
+//! batches can never deadlock; two requests on one resource keep their
+//! arrival order, which keeps the event log a serial history. The gate is
+//! given back before `COMMIT`, so the next batch runs while this one waits
+//! for the disk. If the commit fails, no request of the batch was
+//! acknowledged, and every one gets the error.
 
 use std::sync::Arc;
 
@@ -428,6 +433,8 @@ mod tests {
     use super::*;
     use crate::domain::{EventKind, Holder, LeaseId, Ttl};
     use crate::store::EventFilter;
+    use crate::store::postgres::PgBackend;
+    use crate::store::sqlite::SqliteBackend;
 
     fn acquire(resource: &str) -> AcquireRequest {
         AcquireRequest {
@@ -603,20 +610,10 @@ mod tests {
         }
         let staged = match &store {
             Store::Sqlite(b) => {
-                run_staged::<super::super::sqlite::SqliteBackend, _>(
-                    b.begin_write().await,
-                    &batch,
-                    (),
-                )
-                .await
+                run_staged::<SqliteBackend, _>(b.begin_write().await, &batch, ()).await
             }
             Store::Postgres(b) => {
-                run_staged::<super::super::postgres::PgBackend, _>(
-                    b.begin_write().await,
-                    &batch,
-                    (),
-                )
-                .await
+                run_staged::<PgBackend, _>(b.begin_write().await, &batch, ()).await
             }
         };
         let results = match staged {
