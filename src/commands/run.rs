@@ -76,7 +76,30 @@ pub async fn execute(args: RunArgs) -> i32 {
         wait: args.wait,
         request_id: None,
     };
-    let lease = match client.acquire(&args.resource, options).await {
+    // Installed before acquiring: a signal that arrives once the lease is
+    // held but before the command is running is queued, then passed on to
+    // the command, instead of killing `palisade run` with its lock held
+    // (and, with the command already started, leaving it running).
+    let (mut interrupt, mut terminate, mut hangup) = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) {
+        (Ok(i), Ok(t), Ok(h)) => (i, t, h),
+        _ => {
+            eprintln!("palisade: cannot install signal handlers; not running the command");
+            return ExitCode::Failure.code();
+        }
+    };
+    // A signal while waiting for the lock ends the wait, as it would
+    // without handlers (a lease granted meanwhile is left to expire).
+    let acquired = tokio::select! {
+        acquired = client.acquire(&args.resource, options) => acquired,
+        _ = interrupt.recv() => return 128 + Signal::SIGINT as i32,
+        _ = terminate.recv() => return 128 + Signal::SIGTERM as i32,
+        _ = hangup.recv() => return 128 + Signal::SIGHUP as i32,
+    };
+    let lease = match acquired {
         Ok(lease) => lease,
         Err(err) => return fail(&err),
     };
@@ -115,21 +138,6 @@ pub async fn execute(args: RunArgs) -> i32 {
         if let Some(group) = group {
             // The group may already be gone; nothing to do then.
             let _ = killpg(group, sig);
-        }
-    };
-
-    let (mut interrupt, mut terminate, mut hangup) = match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) {
-        (Ok(i), Ok(t), Ok(h)) => (i, t, h),
-        _ => {
-            eprintln!("palisade: cannot install signal handlers; stopping the command");
-            signal_group(Signal::SIGKILL);
-            let _ = child.wait().await;
-            let _ = lease.release().await;
-            return ExitCode::Failure.code();
         }
     };
 
