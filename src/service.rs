@@ -317,7 +317,15 @@ impl LockService {
 
     /// Records due expiries and wakes their waiters; returns how many.
     pub async fn expire_due_leases(&self, batch: i64) -> Result<Vec<Lease>, ServiceError> {
-        let expired = self.store.expire_due_leases(batch).await?;
+        let expired = match &self.group_commit {
+            // Shared batches: a sweep costs a few commits, not one per lease.
+            Some(batched) => {
+                batched
+                    .expire(&self.store.due_resources(batch).await?)
+                    .await?
+            }
+            None => self.store.expire_due_leases(batch).await?,
+        };
         for lease in &expired {
             self.metrics.expired(lease);
             self.waiters.lease_ended(lease.resource.as_str());

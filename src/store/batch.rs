@@ -24,10 +24,14 @@ use super::ops;
 use super::staged::{BatchTx, Plan, StagedTx};
 use super::types::*;
 use super::{Backend, ResourceTx, Store, StoreError, StoreResult};
-use crate::domain::{LeaseId, Reason, ResourceName, Token, Ttl};
+use crate::domain::{Lease, LeaseId, Reason, ResourceName, Token, Ttl};
 
 /// Requests waiting for a writer, beyond which callers wait to enqueue.
 const QUEUE_DEPTH: usize = 4096;
+
+/// Expiries a sweep has queued at once: half a default batch, so a batch
+/// always has room for the clients' requests too.
+const EXPIRIES_IN_FLIGHT: usize = 32;
 
 /// One write operation, as the store's methods take it.
 enum WriteRequest {
@@ -36,6 +40,8 @@ enum WriteRequest {
     Release(LeaseId),
     ForceRelease(ResourceName, Reason, String),
     Fence(ResourceName, Token, Option<ValueWrite>),
+    /// Records the expiry of the resource's lease if it is due (the sweeper).
+    Expire(ResourceName),
     /// Acquires, then fails: how tests show a failure is undone alone.
     #[cfg(test)]
     AcquireThenFail(AcquireRequest),
@@ -47,6 +53,7 @@ enum WriteReply {
     Release(Recorded<ReleaseOutcome>),
     ForceRelease(Recorded<ForceReleaseOutcome>),
     Fence(Recorded<FenceOutcome>),
+    Expire(Option<Lease>),
 }
 
 struct Pending {
@@ -169,6 +176,49 @@ impl GroupCommit {
         match self.submit(request).await? {
             WriteReply::Fence(r) => Ok(r),
             _ => Err(mismatched()),
+        }
+    }
+}
+
+impl GroupCommit {
+    /// Records the expiry of each of `due`'s leases that is past its
+    /// deadline and returns the leases expired. They are submitted a chunk
+    /// at a time, so they share batches without a long backlog of expiries
+    /// queueing ahead of the clients' requests. An expiry that fails waits
+    /// for the next sweep; the error is returned only when none was recorded.
+    pub async fn expire(&self, due: &[ResourceName]) -> StoreResult<Vec<Lease>> {
+        let mut expired = Vec::new();
+        let mut failure = None;
+        for chunk in due.chunks(EXPIRIES_IN_FLIGHT) {
+            let mut answers = Vec::with_capacity(chunk.len());
+            for name in chunk {
+                let (reply, answer) = oneshot::channel();
+                let request = WriteRequest::Expire(name.clone());
+                if self.queue.send(Pending { request, reply }).await.is_err() {
+                    break;
+                }
+                answers.push(answer);
+            }
+            for answer in answers {
+                match answer.await {
+                    Ok(Ok(WriteReply::Expire(lease))) => expired.extend(lease),
+                    Ok(Ok(_)) => failure = Some(mismatched()),
+                    Ok(Err(err)) => failure = Some(err),
+                    Err(_) => {
+                        failure = Some(StoreError::Unavailable(
+                            "group commit writer stopped".into(),
+                        ));
+                    }
+                }
+            }
+        }
+        match failure {
+            Some(err) if expired.is_empty() => Err(err),
+            Some(err) => {
+                tracing::warn!(error = %err, "some expiries failed; the next sweep retries them");
+                Ok(expired)
+            }
+            None => Ok(expired),
         }
     }
 }
@@ -315,7 +365,9 @@ fn plan_request(plan: &mut Plan, request: &WriteRequest) {
         #[cfg(test)]
         WriteRequest::AcquireThenFail(req) => plan.acquire(&req.resource),
         WriteRequest::Renew(id, _) | WriteRequest::Release(id) => plan.lease(id),
-        WriteRequest::ForceRelease(name, ..) => plan.force_release(name),
+        WriteRequest::ForceRelease(name, ..) | WriteRequest::Expire(name) => {
+            plan.lock_only(name);
+        }
         WriteRequest::Fence(name, token, write) => plan.fence(name, *token, write.is_some()),
     }
 }
@@ -371,9 +423,9 @@ async fn lock_order_key<T: ResourceTx>(tx: &mut T, request: &WriteRequest) -> St
         WriteRequest::Acquire(req) => Some(req.resource.as_str().to_owned()),
         #[cfg(test)]
         WriteRequest::AcquireThenFail(req) => Some(req.resource.as_str().to_owned()),
-        WriteRequest::ForceRelease(name, ..) | WriteRequest::Fence(name, ..) => {
-            Some(name.as_str().to_owned())
-        }
+        WriteRequest::ForceRelease(name, ..)
+        | WriteRequest::Fence(name, ..)
+        | WriteRequest::Expire(name) => Some(name.as_str().to_owned()),
         WriteRequest::Renew(id, _) | WriteRequest::Release(id) => tx
             .lease_by_id(id)
             .await?
@@ -411,6 +463,7 @@ async fn run_one<T: ResourceTx>(tx: &mut T, request: &WriteRequest) -> StoreResu
         WriteRequest::Fence(name, token, write) => {
             WriteReply::Fence(ops::fence_in(tx, name, *token, write.as_ref()).await?)
         }
+        WriteRequest::Expire(name) => WriteReply::Expire(ops::expire_in(tx, name).await?),
         #[cfg(test)]
         WriteRequest::AcquireThenFail(req) => {
             ops::acquire_in(tx, req).await?;
@@ -431,7 +484,7 @@ fn fail_all(batch: Vec<Pending>, err: &StoreError) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{EventKind, Holder, LeaseId, Ttl};
+    use crate::domain::{EventKind, Holder, LeaseId, LeaseState, Ttl};
     use crate::store::EventFilter;
     use crate::store::postgres::PgBackend;
     use crate::store::sqlite::SqliteBackend;
@@ -576,6 +629,13 @@ mod tests {
             AcquireOutcome::Granted { lease, .. } => lease,
             other => panic!("not granted: {other:?}"),
         };
+        let mut short = acquire("lapsed");
+        short.ttl = Ttl::from_millis(100, Ttl::DEFAULT_MAX).expect("ttl");
+        let lapsed = match store.acquire(&short).await.expect("acquire").outcome {
+            AcquireOutcome::Granted { lease, .. } => lease,
+            other => panic!("not granted: {other:?}"),
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         let name = |n: &str| ResourceName::parse(n).expect("name");
         let value = |n: i32| ValueWrite {
             json: format!("{{\"n\": {n}}}"),
@@ -600,6 +660,10 @@ mod tests {
                 crate::domain::Reason::parse("test").expect("reason"),
                 "admin".into(),
             ),
+            WriteRequest::Expire(name("lapsed")),
+            WriteRequest::Expire(name("lapsed")),
+            WriteRequest::Expire(name("fresh")),
+            WriteRequest::Expire(name("never-used")),
         ];
         let mut batch = Vec::new();
         let mut answers = Vec::new();
@@ -634,6 +698,9 @@ mod tests {
                     FenceOutcome::Accepted { version, .. } => format!("accepted {version:?}"),
                     FenceOutcome::Rejected(rej) => format!("rejected unknown={}", rej.unknown),
                 },
+                WriteReply::Expire(lease) => {
+                    format!("expired {:?}", lease.map(|l| (l.lease_id, l.state)))
+                }
             })
             .collect();
         // Fences: accepted on the lease acquired earlier in the batch, twice
@@ -644,6 +711,13 @@ mod tests {
         assert_eq!(outcomes[3], "accepted None");
         assert_eq!(outcomes[4], "rejected unknown=true");
         assert_eq!(outcomes[9], "rejected unknown=false");
+        // The due lease expires once; a live lease and an unknown resource
+        // have nothing to expire.
+        assert_eq!(
+            outcomes[11],
+            format!("expired {:?}", Some((lapsed.lease_id, LeaseState::Expired)))
+        );
+        assert_eq!(outcomes[12..], ["expired None"; 3]);
         let value = store
             .value(&name("held"))
             .await
@@ -694,6 +768,54 @@ mod tests {
                 AcquireOutcome::Granted { .. }
             ));
         }
+        drop(group);
+        store.close().await;
+    }
+
+    /// A sweep through group commit: many due leases expire in shared
+    /// batches, each recorded exactly once, and a second sweep finds none.
+    async fn a_sweep_expires_each_due_lease_once(store: Store) {
+        let group = GroupCommit::start(
+            &store,
+            GroupCommitConfig {
+                writers: 2,
+                max_batch: 16,
+            },
+        );
+        let mut leases = Vec::new();
+        for i in 0..40 {
+            let mut req = acquire(&format!("due-{i:02}"));
+            if i % 4 != 0 {
+                req.ttl = Ttl::from_millis(100, Ttl::DEFAULT_MAX).expect("ttl");
+            }
+            match group.acquire(&req).await.expect("acquire").outcome {
+                AcquireOutcome::Granted { lease, .. } => leases.push(lease),
+                other => panic!("not granted: {other:?}"),
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        let due = store.due_resources(500).await.expect("due");
+        assert_eq!(due.len(), 30, "every short lease is due, no long one");
+        // Twice at once, as two instances' sweepers would: one records each.
+        let (first, second) = tokio::join!(group.expire(&due), group.expire(&due));
+        let mut expired: Vec<String> = first
+            .expect("sweep")
+            .into_iter()
+            .chain(second.expect("sweep"))
+            .map(|l| l.resource.as_str().to_owned())
+            .collect();
+        expired.sort();
+        let mut wanted: Vec<String> = due.iter().map(|n| n.as_str().to_owned()).collect();
+        wanted.sort();
+        assert_eq!(expired, wanted);
+        assert!(group.expire(&due).await.expect("sweep").is_empty());
+        let filter = EventFilter {
+            resource: None,
+            kind: Some(EventKind::Expired),
+            after: 0,
+            limit: 1000,
+        };
+        assert_eq!(store.events(&filter).await.expect("events").len(), 30);
         drop(group);
         store.close().await;
     }
@@ -779,5 +901,7 @@ mod tests {
         lone_requests_are_answered_with_idle_writers =>
             lone_requests_are_answered_with_idle_writers_on_sqlite,
             lone_requests_are_answered_with_idle_writers_on_postgres;
+        a_sweep_expires_each_due_lease_once => a_sweep_expires_each_due_lease_once_on_sqlite,
+            a_sweep_expires_each_due_lease_once_on_postgres;
     }
 }

@@ -295,6 +295,11 @@ impl Store {
         with_backend!(self, b => ops::expire_due_leases(b, limit).await)
     }
 
+    /// Up to `limit` resources whose active lease is past its deadline.
+    pub async fn due_resources(&self, limit: i64) -> StoreResult<Vec<ResourceName>> {
+        with_backend!(self, b => b.due_resources(limit).await)
+    }
+
     pub async fn ping(&self) -> StoreResult<()> {
         with_backend!(self, b => b.ping().await)
     }

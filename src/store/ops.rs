@@ -528,15 +528,20 @@ pub async fn expire_due_leases<B: Backend>(b: &B, limit: i64) -> StoreResult<Vec
 }
 
 async fn expire_one<B: Backend>(b: &B, name: &ResourceName) -> StoreResult<Option<Lease>> {
-    let mut tx = b.begin_write().await?;
-    let Some((_, now)) = lock_existing(&mut tx, name).await? else {
+    in_own_transaction!(b, expire_in(name))
+}
+
+/// Records the expiry of `name`'s lease if it is past its deadline, and
+/// returns that lease. Another instance (or an acquire) may have settled it
+/// already; then there is nothing left to record.
+pub async fn expire_in<T: ResourceTx>(
+    tx: &mut T,
+    name: &ResourceName,
+) -> StoreResult<Option<Lease>> {
+    let Some((_, now)) = lock_existing(tx, name).await? else {
         return Ok(None);
     };
-    // Another instance (or an acquire) may have settled it already; then
-    // there is nothing left to record.
-    let settled = settle(&mut tx, name, now).await?;
-    B::commit(tx).await?;
-    Ok(settled.expired)
+    Ok(settle(tx, name, now).await?.expired)
 }
 
 pub async fn lease<B: Backend>(b: &B, id: &LeaseId) -> StoreResult<Option<(Lease, DateTime<Utc>)>> {

@@ -56,7 +56,9 @@ impl Plan {
         self.lease_ids.push(id.clone());
     }
 
-    pub fn force_release(&mut self, name: &ResourceName) {
+    /// A request that only reads and writes `name`'s current lease
+    /// (force-release, expiry).
+    pub fn lock_only(&mut self, name: &ResourceName) {
         self.lock.insert(name.clone());
     }
 
