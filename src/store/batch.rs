@@ -12,8 +12,10 @@
 //! Rows are locked in resource-name order (a fixed global order), so two
 //! batches can never deadlock; two requests on one resource keep their
 //! arrival order, which keeps the event log a serial history. The gate is
-//! given back before `COMMIT`, so the next batch runs while this one waits
-//! for the disk. If the commit fails, no request of the batch was
+//! given back once the batch has run in memory, before its writes are sent:
+//! the next batch locks and loads while this one flushes and waits for the
+//! disk (its row locks keep the two in order on any resource they share).
+//! If the commit fails, no request of the batch was
 //! acknowledged, and every one gets the error.
 
 use std::sync::Arc;
@@ -238,11 +240,11 @@ async fn run_writer<B: Backend>(
     loop {
         // The first request, then a transaction for it, then the gate: a
         // writer opens its transaction (one round trip) while the batch
-        // ahead of it still runs, and only forms, locks, loads, runs and
-        // flushes its batch holding the gate's permit. It gives the permit
-        // back just before committing: the next batch runs while this one's
-        // commit waits for the disk, and batches stay as large as the
-        // traffic allows instead of being split between idle writers.
+        // ahead of it still runs, and only forms, locks, loads and runs its
+        // batch holding the gate's permit. It gives the permit back before
+        // flushing: the next batch runs while this one's writes and commit
+        // wait for the database, and batches stay as large as the traffic
+        // allows instead of being split between idle writers.
         let Some(first) = receiver.lock().await.recv().await else {
             return;
         };
@@ -312,7 +314,7 @@ enum Staged {
 /// request in memory, flush with a few multi-row statements, commit.
 ///
 /// `tx` is the transaction opened for it (or why it could not be); `gate`
-/// is dropped once the batch's writes are sent, before the commit.
+/// is dropped once the batch has run in memory, before its writes are sent.
 async fn run_staged<B: Backend, G: Send>(
     tx: StoreResult<B::Tx>,
     batch: &[Pending],
@@ -348,10 +350,10 @@ async fn run_staged<B: Backend, G: Send>(
     }
     let changes = staged.into_changes();
     tracing::trace!(elapsed_us = started.elapsed().as_micros(), "batch ran");
+    drop(gate);
     if let Err(err) = tx.flush(&changes).await {
         return not_committed(err);
     }
-    drop(gate);
     tracing::trace!(elapsed_us = started.elapsed().as_micros(), "batch flushed");
     match B::commit(tx).await {
         Ok(()) => Staged::Committed(results),
