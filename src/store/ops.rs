@@ -138,7 +138,7 @@ pub async fn acquire_in<T: ResourceTx>(
             };
             tx.insert_lease(&lease).await?;
             row.last_token = token.get();
-            row.last_activity_at = now;
+            let _ = row.note_activity(now);
             tx.save_resource(&row).await?;
             let detail = json!({
                 "ttl_ms": lease.ttl_ms,
@@ -218,8 +218,9 @@ pub async fn renew_in<T: ResourceTx>(
                 ..lease.clone()
             };
             tx.update_lease(&renewed).await?;
-            row.last_activity_at = now;
-            tx.save_resource(&row).await?;
+            if row.note_activity(now) {
+                tx.save_resource(&row).await?;
+            }
             let detail = json!({
                 "ttl_ms": ttl_ms,
                 "expires_at": rfc3339(expires_at),
@@ -253,8 +254,9 @@ async fn end_lease<T: ResourceTx>(
         ..lease.clone()
     };
     tx.update_lease(&ended).await?;
-    row.last_activity_at = now;
-    tx.save_resource(row).await?;
+    if row.note_activity(now) {
+        tx.save_resource(row).await?;
+    }
     let mut detail = json!({ "held_ms": millis_between(ended.acquired_at, now) });
     if let (Some(d), serde_json::Value::Object(extra)) = (detail.as_object_mut(), extra) {
         d.extend(extra);
@@ -367,9 +369,11 @@ pub async fn fence_in<T: ResourceTx>(
     );
     let outcome = match decision {
         FenceDecision::Accept { accepted_token } => {
+            let raised = row.accepted_token != accepted_token;
             row.accepted_token = accepted_token;
-            row.last_activity_at = now;
-            tx.save_resource(&row).await?;
+            if row.note_activity(now) | raised {
+                tx.save_resource(&row).await?;
+            }
             let version = match write {
                 Some(w) => Some(tx.upsert_value(name, &w.json, token, now).await?),
                 None => None,

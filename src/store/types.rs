@@ -19,6 +19,26 @@ pub struct ResourceRow {
     pub last_activity_at: DateTime<Utc>,
 }
 
+impl ResourceRow {
+    /// How finely `last_activity_at` follows activity. Coarser than every
+    /// operation on purpose: a resource busy many times a second then has
+    /// its row rewritten only when a counter changes, and on PostgreSQL that
+    /// rewrite leaves the indexed activity column alone, so it is a HOT
+    /// update (no new index entries, no dead index tuples to walk past).
+    pub const ACTIVITY_RESOLUTION: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
+
+    /// Records activity at `now`; returns whether the row changed (the
+    /// last recorded activity is at least [`Self::ACTIVITY_RESOLUTION`] old).
+    #[must_use]
+    pub fn note_activity(&mut self, now: DateTime<Utc>) -> bool {
+        if now - self.last_activity_at < Self::ACTIVITY_RESOLUTION {
+            return false;
+        }
+        self.last_activity_at = now;
+        true
+    }
+}
+
 /// A resource as readers see it, with its live lease if any.
 #[derive(Debug, Clone)]
 pub struct ResourceView {
@@ -197,4 +217,32 @@ pub struct PruneBatch {
     pub scanned_up_to: Option<EventCursor>,
     pub scanned: usize,
     pub deleted: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeDelta;
+
+    #[test]
+    fn activity_is_recorded_at_most_once_per_resolution() {
+        let t0 = DateTime::parse_from_rfc3339("2026-12-03T10:00:00Z")
+            .expect("time")
+            .to_utc();
+        let mut row = ResourceRow {
+            name: ResourceName::parse("r").expect("name"),
+            last_token: 0,
+            accepted_token: 0,
+            created_at: t0,
+            last_activity_at: t0,
+        };
+        assert!(!row.note_activity(t0 + TimeDelta::milliseconds(999)));
+        assert_eq!(row.last_activity_at, t0);
+        // A clock read earlier than the recorded activity never moves it back.
+        assert!(!row.note_activity(t0 - TimeDelta::seconds(5)));
+        assert_eq!(row.last_activity_at, t0);
+        let later = t0 + ResourceRow::ACTIVITY_RESOLUTION;
+        assert!(row.note_activity(later));
+        assert_eq!(row.last_activity_at, later);
+    }
 }
