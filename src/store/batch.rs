@@ -822,6 +822,55 @@ mod tests {
         store.close().await;
     }
 
+    /// A batch's load, run after its lock statement waited for a row lock,
+    /// sees what the lock's holder committed (on PostgreSQL the load is a
+    /// statement of its own, with a snapshot taken after the lock).
+    async fn a_load_after_a_lock_wait_sees_the_holders_commit(store: Store) {
+        let name = ResourceName::parse("contended").expect("name");
+        let first = match store
+            .acquire(&acquire("contended"))
+            .await
+            .expect("acquire")
+            .outcome
+        {
+            AcquireOutcome::Granted { lease, .. } => lease,
+            other => panic!("not granted: {other:?}"),
+        };
+        store.release(&first.lease_id).await.expect("release");
+        async fn race<B: Backend + Clone + 'static>(b: &B, name: &ResourceName) -> Vec<Lease> {
+            let mut holder = b.begin_write().await.expect("begin");
+            let won = ops::acquire_in(&mut holder, &acquire(name.as_str()))
+                .await
+                .expect("acquire");
+            assert!(matches!(won.outcome, AcquireOutcome::Granted { .. }));
+            let waiter = {
+                let b = b.clone();
+                let name = name.clone();
+                tokio::spawn(async move {
+                    let mut tx = b.begin_write().await.expect("begin");
+                    let names = [name];
+                    tx.lock_resources(&names, &names, &[]).await.expect("lock");
+                    tx.load_leases(&names, &[], &[]).await.expect("load").1
+                })
+            };
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            assert!(!waiter.is_finished(), "the batch waits for the lock");
+            B::commit(holder).await.expect("commit");
+            waiter.await.expect("waiter")
+        }
+        let leases = match &store {
+            Store::Sqlite(b) => race(b, &name).await,
+            Store::Postgres(b) => race(b, &name).await,
+        };
+        let active: Vec<&Lease> = leases
+            .iter()
+            .filter(|l| l.state == LeaseState::Active)
+            .collect();
+        assert_eq!(active.len(), 1, "the committed lease is seen: {leases:?}");
+        assert_eq!(active[0].token.get(), first.token.get() + 1);
+        store.close().await;
+    }
+
     /// Runs a hand-built batch on `store`'s backend.
     async fn run_on(store: &Store, batch: Vec<Pending>) {
         match store {
@@ -905,5 +954,8 @@ mod tests {
             lone_requests_are_answered_with_idle_writers_on_postgres;
         a_sweep_expires_each_due_lease_once => a_sweep_expires_each_due_lease_once_on_sqlite,
             a_sweep_expires_each_due_lease_once_on_postgres;
+        a_load_after_a_lock_wait_sees_the_holders_commit =>
+            a_load_after_a_lock_wait_sees_the_holders_commit_on_sqlite,
+            a_load_after_a_lock_wait_sees_the_holders_commit_on_postgres;
     }
 }
