@@ -457,6 +457,65 @@ async fn run_passes_sigterm_on_and_still_releases(backend: Backend) {
     h.finish().await;
 }
 
+async fn run_stopped_while_waiting_exits_128_plus_the_signal_without_running(backend: Backend) {
+    let h = Harness::start(&backend).await;
+    let c = client(&h);
+    let lease = c
+        .acquire(
+            "queued",
+            palisade::client::AcquireOptions::new("other", Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let child = command(
+        &h,
+        &[
+            "run",
+            "--resource",
+            "queued",
+            "--ttl",
+            "30s",
+            "--wait",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            &touch,
+        ],
+    )
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    // Nothing outside shows that `run` is waiting yet; give it time to start
+    // its (60 s) wait. The handlers are installed before it asks for the lock.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("the wait ended on the signal, not after 60 s")
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + 2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!marker.exists(), "the command never ran");
+    // The lock is still the other holder's, and nothing was left behind
+    // for `run`: releasing it leaves the resource free.
+    let info = c.resource("queued").await.unwrap().unwrap();
+    assert_eq!(info.holder.map(|l| l.token), Some(lease.token()));
+    lease.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let info = c.resource("queued").await.unwrap().unwrap();
+    assert!(info.holder.is_none(), "no lease granted to the stopped run");
+    h.finish().await;
+}
+
 async fn run_kills_a_command_that_ignores_sigterm_after_the_grace(backend: Backend) {
     let h = Harness::start(&backend).await;
     let child = command(
@@ -667,6 +726,7 @@ crate::on_both_backends!(
     run_on_a_held_lock_exits_3_without_running,
     run_terminates_the_command_when_the_lease_is_lost,
     run_passes_sigterm_on_and_still_releases,
+    run_stopped_while_waiting_exits_128_plus_the_signal_without_running,
     run_kills_a_command_that_ignores_sigterm_after_the_grace,
     run_with_on_lost_warn_lets_the_command_finish,
     events_follow_prints_new_events_as_json_lines,
