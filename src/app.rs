@@ -136,7 +136,7 @@ impl App {
         Ok(Self {
             listener,
             state: AppState {
-                service,
+                service: service.into(),
                 admin_token,
                 ui_access,
                 rate_limiter: RateLimiter::new(config.rate_limit_per_sec, config.rate_limit_burst)
@@ -181,16 +181,16 @@ impl App {
         } = self;
         let mut tasks = JoinSet::new();
         tasks.spawn(service::run_expiry_sweeper(
-            state.service.clone(),
+            LockService::clone(&state.service),
             sweep_interval,
             stop.clone(),
         ));
         tasks.spawn(service::run_lease_ended_listener(
-            state.service.clone(),
+            LockService::clone(&state.service),
             stop.clone(),
         ));
         tasks.spawn(metrics::run_gauge_refresher(
-            state.service.clone(),
+            LockService::clone(&state.service),
             metrics_refresh,
             stop.clone(),
         ));
@@ -203,7 +203,10 @@ impl App {
             ));
         }
         if demo {
-            tasks.spawn(crate::demo::run(state.service.clone(), stop.clone()));
+            tasks.spawn(crate::demo::run(
+                LockService::clone(&state.service),
+                stop.clone(),
+            ));
         }
 
         tracing::info!(addr = %listener.local_addr()?, backend = store.backend_name(), "palisade listening");

@@ -33,7 +33,9 @@ pub const MAX_BODY_BYTES: usize = MAX_VALUE_BYTES + 64 * 1024;
 /// Everything a handler can reach; cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
-    pub service: LockService,
+    /// Behind an `Arc`: the state is cloned for every request, and the
+    /// service holds many handles (store, metrics, waiters).
+    pub service: std::sync::Arc<LockService>,
     pub admin_token: AdminToken,
     /// Who may read the web UI.
     pub ui_access: ui::UiAccess,
