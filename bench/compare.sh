@@ -125,8 +125,8 @@ palisade_suite() {
   for scenario in $SCENARIOS; do
     bench_run "$backend" "$scenario" "$CLIENTS"
     # `acquire` leaves thousands of 100 ms leases for the sweeper to expire
-    # (up to 2,000/s): let it finish before the next scenario, which would
-    # otherwise be measured against that backlog.
+    # (in shared batches, a few thousand a second): let it finish before the
+    # next scenario, which would otherwise be measured against that backlog.
     if [[ $scenario == acquire ]]; then wait_for_sweeper "$backend"; fi
   done
   if [[ $BASELINES_TOO == yes ]]; then
