@@ -6,6 +6,7 @@
 //! expiries and carry lease endings between instances. It is also where
 //! lock metrics are recorded, so every front end (API, UI) is counted alike.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,7 +71,16 @@ pub struct LockService {
     metrics: Metrics,
     /// When set, writes go through shared batch transactions.
     group_commit: Option<GroupCommit>,
+    /// The resource of each live lease this instance granted while others
+    /// were queued for it: a release names only its lease, and this lets it
+    /// wake the next waiter as soon as the release is queued. Only with a
+    /// serial group commit (see [`GroupCommit::is_serial`]).
+    handoffs: Arc<std::sync::Mutex<HashMap<LeaseId, ResourceName>>>,
 }
+
+/// Most leases [`LockService::handoffs`] remembers; past it, releases wake
+/// waiters only after they commit, as they do anyway.
+const MAX_HANDOFFS: usize = 4096;
 
 impl LockService {
     pub fn new(
@@ -87,7 +97,35 @@ impl LockService {
             shutdown,
             metrics,
             group_commit: None,
+            handoffs: Arc::default(),
         }
+    }
+
+    fn handoffs(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, ResourceName>> {
+        // Always consistent: every critical section is one map operation.
+        self.handoffs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Remembers `lease`'s resource if someone is queued for it. Entries
+    /// go when the lease ends through this instance; one that ends through
+    /// another (several instances on PostgreSQL with one writer each) stays
+    /// until [`MAX_HANDOFFS`] entries stop further ones, which only loses
+    /// the early wake.
+    fn note_handoff(&self, lease: &Lease) {
+        let serial = self
+            .group_commit
+            .as_ref()
+            .is_some_and(GroupCommit::is_serial);
+        if serial && self.waiters.has_queue(lease.resource.as_str()) {
+            let mut handoffs = self.handoffs();
+            if handoffs.len() < MAX_HANDOFFS {
+                handoffs.insert(lease.lease_id.clone(), lease.resource.clone());
+            }
+        }
+    }
+
+    fn forget_handoff(&self, id: &LeaseId) -> Option<ResourceName> {
+        self.handoffs().remove(id)
     }
 
     /// Sends every write through `group_commit`'s batch transactions.
@@ -116,7 +154,21 @@ impl LockService {
 
     async fn store_release(&self, id: &LeaseId) -> StoreResult<Recorded<ReleaseOutcome>> {
         match &self.group_commit {
-            Some(batched) => batched.release(id).await,
+            Some(batched) => {
+                // The next waiter queues its acquire right behind this
+                // release, instead of after it commits: often one batch
+                // ends the lease and grants the next. The usual wake after
+                // the commit still follows (a retry that ran too early, on
+                // a batch's slow path, must not be left waiting).
+                let resource = self.forget_handoff(id);
+                batched
+                    .release(id, || {
+                        if let Some(name) = &resource {
+                            self.waiters.lease_ended(name.as_str());
+                        }
+                    })
+                    .await
+            }
             None => self.store.release(id).await,
         }
     }
@@ -153,6 +205,7 @@ impl LockService {
     /// hands back its outcome.
     fn settled<T>(&self, recorded: Recorded<T>) -> T {
         if let Some(lease) = &recorded.expired {
+            self.forget_handoff(&lease.lease_id);
             self.metrics.expired(lease);
             self.waiters.lease_ended(lease.resource.as_str());
         }
@@ -209,6 +262,8 @@ impl LockService {
             let local_now = Instant::now();
             match &outcome {
                 AcquireOutcome::Held { holder, now } if local_now < deadline => {
+                    // Its release can wake this queue as soon as it is queued.
+                    self.note_handoff(holder);
                     // Retry just after the holder's deadline even if nobody
                     // records the expiry: the acquire itself settles it.
                     let until_expiry = (holder.expires_at - *now).to_std().unwrap_or_default()
@@ -230,7 +285,10 @@ impl LockService {
     /// it took.
     fn acquired(&self, outcome: AcquireOutcome, waited: Duration) -> Acquired {
         match &outcome {
-            AcquireOutcome::Granted { .. } => self.metrics.acquire_granted(waited),
+            AcquireOutcome::Granted { lease, .. } => {
+                self.note_handoff(lease);
+                self.metrics.acquire_granted(waited);
+            }
             AcquireOutcome::Existing(_) => self.metrics.acquire_reissued(),
             AcquireOutcome::Held { .. } => self.metrics.acquire_held(),
         }
@@ -268,6 +326,7 @@ impl LockService {
     ) -> Result<ForceReleaseOutcome, ServiceError> {
         let outcome = self.settled(self.store_force_release(name, reason, actor).await?);
         if let ForceReleaseOutcome::Released(lease) = &outcome {
+            self.forget_handoff(&lease.lease_id);
             self.metrics.force_released(lease);
             self.waiters.lease_ended(lease.resource.as_str());
         }
@@ -327,6 +386,7 @@ impl LockService {
             None => self.store.expire_due_leases(batch).await?,
         };
         for lease in &expired {
+            self.forget_handoff(&lease.lease_id);
             self.metrics.expired(lease);
             self.waiters.lease_ended(lease.resource.as_str());
         }
@@ -473,5 +533,79 @@ impl LockService {
 
     pub async fn db_now(&self) -> Result<chrono::DateTime<chrono::Utc>, ServiceError> {
         Ok(self.store.db_now().await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Holder;
+    use crate::metrics::MetricsConfig;
+    use crate::store::GroupCommitConfig;
+
+    fn request(holder: &str) -> AcquireRequest {
+        AcquireRequest {
+            resource: ResourceName::parse("handoff").expect("name"),
+            holder: Holder::parse(holder).expect("holder"),
+            ttl: Ttl::from_millis(30_000, Ttl::DEFAULT_MAX).expect("ttl"),
+            request_id: None,
+            lease_id: LeaseId::generate(),
+        }
+    }
+
+    fn granted(acquired: Acquired) -> Lease {
+        match acquired.outcome {
+            AcquireOutcome::Granted { lease, .. } => lease,
+            other => panic!("not granted: {other:?}"),
+        }
+    }
+
+    /// With one writer, a release wakes the next waiter as soon as it is
+    /// queued; the waiter is granted the lease next, in order, and the
+    /// service forgets every lease it remembered for that once they end.
+    #[tokio::test]
+    async fn early_handoffs_grant_in_order_and_are_forgotten() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        let store = Store::connect(&url).await.expect("connect");
+        let metrics = Metrics::new(&MetricsConfig::default()).expect("metrics");
+        let service = LockService::new(
+            store.clone(),
+            Limits::default(),
+            CancellationToken::new(),
+            metrics,
+        )
+        .with_group_commit(GroupCommit::start(&store, GroupCommitConfig::DEFAULT));
+        let wait = WaitTime::from_millis(20_000).expect("wait");
+        let first = granted(service.acquire(request("h0"), wait).await.expect("acquire"));
+        let mut waiters = Vec::new();
+        for i in 1..=3 {
+            let waiting = service.clone();
+            waiters.push(tokio::spawn(async move {
+                waiting.acquire(request(&format!("h{i}")), wait).await
+            }));
+            // Queued in this order.
+            while service.waiters.queued("handoff") < i {
+                tokio::task::yield_now().await;
+            }
+        }
+        // The head of the queue found it held: remembered for its release.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !service.handoffs().contains_key(&first.lease_id) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the holder's lease is remembered");
+        let mut holder = first;
+        for (i, waiter) in waiters.into_iter().enumerate() {
+            service.release(&holder.lease_id).await.expect("release");
+            let next = granted(waiter.await.expect("waiter").expect("acquire"));
+            assert_eq!(next.holder.as_str(), format!("h{}", i + 1), "FIFO");
+            assert_eq!(next.token.get(), holder.token.get() + 1);
+            holder = next;
+        }
+        service.release(&holder.lease_id).await.expect("release");
+        assert!(service.handoffs().is_empty(), "every ended lease forgotten");
     }
 }

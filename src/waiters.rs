@@ -97,6 +97,11 @@ impl Waiters {
         }
     }
 
+    /// Whether anyone is queued for `name`.
+    pub fn has_queue(&self, name: &str) -> bool {
+        self.lock().queues.contains_key(name)
+    }
+
     /// How many resources have waiters right now.
     #[cfg(test)]
     pub fn waited_resources(&self) -> usize {
