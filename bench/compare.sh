@@ -56,6 +56,9 @@ else
   (cd "$ROOT" && cargo build --release --quiet)
   PALISADE=$ROOT/target/release/palisade
 fi
+# Let the build's (or anything else's) dirty pages reach the disk first: the
+# first durable run's fsyncs would otherwise queue behind that writeback.
+sync
 
 start_server() {
   local url=$1
