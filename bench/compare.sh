@@ -2,10 +2,11 @@
 # Runs Palisade's benchmark scenarios on SQLite and on PostgreSQL, then the
 # reference baselines (pgbench scripts and, if installed, etcd's lock API)
 # back to back on this machine, and prints each ratio. Bounded in time:
-# about 24 runs of $DURATION seconds plus builds and start-ups.
+# about 24 runs of $WARMUP + $DURATION seconds plus builds and start-ups.
 #
 #   bench/compare.sh                 # 10 s per run, 32 clients
 #   DURATION=5 bench/compare.sh      # quicker, noisier
+#   WARMUP=0 bench/compare.sh        # no unrecorded warm-up run (default 2 s)
 #   SERVE_ARGS=--group-commit bench/compare.sh   # extra `palisade serve` options
 #   SCENARIOS="cycle hot" BASELINES_TOO=no bench/compare.sh   # Palisade only
 #   PALISADE_BIN=/tmp/palisade-old bench/compare.sh               # another build
@@ -19,6 +20,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BASELINES=${BASELINES:-$ROOT/../shared/bench}
 DURATION=${DURATION:-10}
+WARMUP=${WARMUP:-2}
 CLIENTS=${CLIENTS:-32}
 PG_HOST=${PG_HOST:-127.0.0.1}
 PG_PORT=${PG_PORT:-5432}
@@ -107,6 +109,12 @@ wait_for_sweeper() {
 # bench_run BACKEND SCENARIO CLIENTS: runs one scenario and records it.
 bench_run() {
   local backend=$1 scenario=$2 clients=$3 out
+  # Unrecorded: a just-started server, a new resource and cold caches make
+  # the first seconds of a scenario slower than the rest.
+  if [[ $WARMUP != 0 ]]; then
+    "$PALISADE" bench --server "http://127.0.0.1:$PORT" --scenario "$scenario" \
+      --clients "$clients" --duration "${WARMUP}s" >/dev/null
+  fi
   out=$("$PALISADE" bench --server "http://127.0.0.1:$PORT" --scenario "$scenario" \
     --clients "$clients" --duration "${DURATION}s" --server-pid "$SERVER_PID" --json)
   echo "$out" >>"$WORK/palisade.jsonl"
