@@ -146,15 +146,19 @@ impl GroupCommit {
         request: WriteRequest,
         queued: impl FnOnce(),
     ) -> StoreResult<WriteReply> {
+        let answer = self.enqueue(request).await?;
+        queued();
+        answered(answer).await
+    }
+
+    /// Puts `request` in the queue; its answer arrives on the receiver.
+    async fn enqueue(&self, request: WriteRequest) -> StoreResult<Answer> {
         let (reply, answer) = oneshot::channel();
         self.queue
             .send(Pending { request, reply })
             .await
             .map_err(|_| StoreError::Unavailable("group commit writers stopped".into()))?;
-        queued();
-        answer
-            .await
-            .map_err(|_| StoreError::Unavailable("group commit writer stopped".into()))?
+        Ok(answer)
     }
 
     pub async fn acquire(&self, req: &AcquireRequest) -> StoreResult<Recorded<AcquireOutcome>> {
@@ -218,9 +222,7 @@ impl GroupCommit {
             _ => Err(mismatched()),
         }
     }
-}
 
-impl GroupCommit {
     /// Records the expiry of each of `due`'s leases that is past its
     /// deadline and returns the leases expired. They are submitted a chunk
     /// at a time, so they share batches without a long backlog of expiries
@@ -232,23 +234,16 @@ impl GroupCommit {
         for chunk in due.chunks(EXPIRIES_IN_FLIGHT) {
             let mut answers = Vec::with_capacity(chunk.len());
             for name in chunk {
-                let (reply, answer) = oneshot::channel();
-                let request = WriteRequest::Expire(name.clone());
-                if self.queue.send(Pending { request, reply }).await.is_err() {
-                    break;
+                match self.enqueue(WriteRequest::Expire(name.clone())).await {
+                    Ok(answer) => answers.push(answer),
+                    Err(err) => failure = Some(err),
                 }
-                answers.push(answer);
             }
             for answer in answers {
-                match answer.await {
-                    Ok(Ok(WriteReply::Expire(lease))) => expired.extend(lease),
-                    Ok(Ok(_)) => failure = Some(mismatched()),
-                    Ok(Err(err)) => failure = Some(err),
-                    Err(_) => {
-                        failure = Some(StoreError::Unavailable(
-                            "group commit writer stopped".into(),
-                        ));
-                    }
+                match answered(answer).await {
+                    Ok(WriteReply::Expire(lease)) => expired.extend(lease),
+                    Ok(_) => failure = Some(mismatched()),
+                    Err(err) => failure = Some(err),
                 }
             }
         }
@@ -261,6 +256,16 @@ impl GroupCommit {
             None => Ok(expired),
         }
     }
+}
+
+/// Where a queued request's answer arrives.
+type Answer = oneshot::Receiver<StoreResult<WriteReply>>;
+
+/// The answer to a queued request.
+async fn answered(answer: Answer) -> StoreResult<WriteReply> {
+    answer
+        .await
+        .map_err(|_| StoreError::Unavailable("group commit writer stopped".into()))?
 }
 
 /// A writer answers each request with the reply of its own kind; anything
@@ -539,6 +544,13 @@ mod tests {
         }
     }
 
+    fn granted(recorded: Recorded<AcquireOutcome>) -> Lease {
+        match recorded.outcome {
+            AcquireOutcome::Granted { lease, .. } => lease,
+            other => panic!("not granted: {other:?}"),
+        }
+    }
+
     fn pending(request: WriteRequest) -> (Pending, oneshot::Receiver<StoreResult<WriteReply>>) {
         let (reply, answer) = oneshot::channel();
         (Pending { request, reply }, answer)
@@ -557,7 +569,7 @@ mod tests {
         let token_1 = Token::parse(1).expect("token");
         let (write_a, answer_w) = pending(WriteRequest::Fence(name_a, token_1, Some(value)));
         run_on(&store, vec![bad_b, good_a, good_c, write_a]).await;
-        let granted = |answer: StoreResult<WriteReply>| {
+        let is_granted = |answer: StoreResult<WriteReply>| {
             matches!(
                 answer,
                 Ok(WriteReply::Acquire(Recorded {
@@ -566,8 +578,8 @@ mod tests {
                 }))
             )
         };
-        assert!(granted(answer_a.await.expect("answered")));
-        assert!(granted(answer_c.await.expect("answered")));
+        assert!(is_granted(answer_a.await.expect("answered")));
+        assert!(is_granted(answer_c.await.expect("answered")));
         assert!(matches!(
             answer_b.await.expect("answered"),
             Err(StoreError::Conflict(_))
@@ -614,15 +626,7 @@ mod tests {
     /// the in-memory view cannot know) runs again request by request: only
     /// the offending request fails.
     async fn a_failing_flush_falls_back_and_fails_one_request(store: Store) {
-        let existing = match store
-            .acquire(&acquire("x"))
-            .await
-            .expect("acquire x")
-            .outcome
-        {
-            AcquireOutcome::Granted { lease, .. } => lease,
-            other => panic!("x not granted: {other:?}"),
-        };
+        let existing = granted(store.acquire(&acquire("x")).await.expect("acquire x"));
         let mut duplicate = acquire("dup");
         duplicate.lease_id = existing.lease_id.clone();
         let (good_a, answer_a) = pending(WriteRequest::Acquire(acquire("a")));
@@ -651,30 +655,11 @@ mod tests {
     /// staged fast path itself (a read outside what it loaded would send the
     /// batch to the slow path, silently slower).
     async fn every_request_kind_runs_on_the_fast_path(store: Store) {
-        let held = match store
-            .acquire(&acquire("held"))
-            .await
-            .expect("acquire")
-            .outcome
-        {
-            AcquireOutcome::Granted { lease, .. } => lease,
-            other => panic!("not granted: {other:?}"),
-        };
-        let renewed = match store
-            .acquire(&acquire("renewed"))
-            .await
-            .expect("acquire")
-            .outcome
-        {
-            AcquireOutcome::Granted { lease, .. } => lease,
-            other => panic!("not granted: {other:?}"),
-        };
+        let held = granted(store.acquire(&acquire("held")).await.expect("acquire"));
+        let renewed = granted(store.acquire(&acquire("renewed")).await.expect("acquire"));
         let mut short = acquire("lapsed");
         short.ttl = Ttl::from_millis(100, Ttl::DEFAULT_MAX).expect("ttl");
-        let lapsed = match store.acquire(&short).await.expect("acquire").outcome {
-            AcquireOutcome::Granted { lease, .. } => lease,
-            other => panic!("not granted: {other:?}"),
-        };
+        let lapsed = granted(store.acquire(&short).await.expect("acquire"));
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         let name = |n: &str| ResourceName::parse(n).expect("name");
         let value = |n: i32| ValueWrite {
@@ -822,16 +807,12 @@ mod tests {
                 max_batch: 16,
             },
         );
-        let mut leases = Vec::new();
         for i in 0..40 {
             let mut req = acquire(&format!("due-{i:02}"));
             if i % 4 != 0 {
                 req.ttl = Ttl::from_millis(100, Ttl::DEFAULT_MAX).expect("ttl");
             }
-            match group.acquire(&req).await.expect("acquire").outcome {
-                AcquireOutcome::Granted { lease, .. } => leases.push(lease),
-                other => panic!("not granted: {other:?}"),
-            }
+            granted(group.acquire(&req).await.expect("acquire"));
         }
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         let due = store.due_resources(500).await.expect("due");
@@ -865,15 +846,7 @@ mod tests {
     /// statement of its own, with a snapshot taken after the lock).
     async fn a_load_after_a_lock_wait_sees_the_holders_commit(store: Store) {
         let name = ResourceName::parse("contended").expect("name");
-        let first = match store
-            .acquire(&acquire("contended"))
-            .await
-            .expect("acquire")
-            .outcome
-        {
-            AcquireOutcome::Granted { lease, .. } => lease,
-            other => panic!("not granted: {other:?}"),
-        };
+        let first = granted(store.acquire(&acquire("contended")).await.expect("acquire"));
         store.release(&first.lease_id).await.expect("release");
         async fn race<B: Backend + Clone + 'static>(b: &B, name: &ResourceName) -> Vec<Lease> {
             let mut holder = b.begin_write().await.expect("begin");
