@@ -112,11 +112,7 @@ impl LockService {
     /// until [`MAX_HANDOFFS`] entries stop further ones, which only loses
     /// the early wake.
     fn note_handoff(&self, lease: &Lease) {
-        let serial = self
-            .group_commit
-            .as_ref()
-            .is_some_and(GroupCommit::is_serial);
-        if serial && self.waiters.has_queue(lease.resource.as_str()) {
+        if self.early_handoffs() && self.waiters.has_queue(lease.resource.as_str()) {
             let mut handoffs = self.handoffs();
             if handoffs.len() < MAX_HANDOFFS {
                 handoffs.insert(lease.lease_id.clone(), lease.resource.clone());
@@ -125,7 +121,21 @@ impl LockService {
     }
 
     fn forget_handoff(&self, id: &LeaseId) -> Option<ResourceName> {
-        self.handoffs().remove(id)
+        // Nothing was remembered otherwise: no lock on every release.
+        self.early_handoffs().then(|| self.handoffs().remove(id))?
+    }
+
+    /// Whether releases wake the next waiter as soon as they are queued.
+    fn early_handoffs(&self) -> bool {
+        self.group_commit
+            .as_ref()
+            .is_some_and(GroupCommit::is_serial)
+    }
+
+    /// `lease` ended through this instance: wake the head of its queue.
+    fn lease_ended(&self, lease: &Lease) {
+        self.forget_handoff(&lease.lease_id);
+        self.waiters.lease_ended(lease.resource.as_str());
     }
 
     /// Sends every write through `group_commit`'s batch transactions.
@@ -205,9 +215,8 @@ impl LockService {
     /// hands back its outcome.
     fn settled<T>(&self, recorded: Recorded<T>) -> T {
         if let Some(lease) = &recorded.expired {
-            self.forget_handoff(&lease.lease_id);
             self.metrics.expired(lease);
-            self.waiters.lease_ended(lease.resource.as_str());
+            self.lease_ended(lease);
         }
         recorded.outcome
     }
@@ -313,7 +322,7 @@ impl LockService {
         let outcome = self.settled(self.store_release(id).await?);
         if let ReleaseOutcome::Released(lease) = &outcome {
             self.metrics.released(lease);
-            self.waiters.lease_ended(lease.resource.as_str());
+            self.lease_ended(lease);
         }
         Ok(outcome)
     }
@@ -326,9 +335,8 @@ impl LockService {
     ) -> Result<ForceReleaseOutcome, ServiceError> {
         let outcome = self.settled(self.store_force_release(name, reason, actor).await?);
         if let ForceReleaseOutcome::Released(lease) = &outcome {
-            self.forget_handoff(&lease.lease_id);
             self.metrics.force_released(lease);
-            self.waiters.lease_ended(lease.resource.as_str());
+            self.lease_ended(lease);
         }
         Ok(outcome)
     }
@@ -386,9 +394,8 @@ impl LockService {
             None => self.store.expire_due_leases(batch).await?,
         };
         for lease in &expired {
-            self.forget_handoff(&lease.lease_id);
             self.metrics.expired(lease);
-            self.waiters.lease_ended(lease.resource.as_str());
+            self.lease_ended(lease);
         }
         Ok(expired)
     }
