@@ -82,6 +82,25 @@ async fn held_token(h: &Harness, resource: &str) -> i64 {
     }
 }
 
+/// Takes `resource` as another holder, so `palisade run` finds it held.
+async fn hold_as_other(c: &Client, resource: &str, ttl: Duration) -> palisade::client::Lease {
+    c.acquire(
+        resource,
+        palisade::client::AcquireOptions::new("other", ttl),
+    )
+    .await
+    .unwrap()
+}
+
+/// A file a command creates if it runs: its directory (kept alive by the
+/// caller), its path, and the shell command that creates it.
+fn run_marker() -> (tempfile::TempDir, std::path::PathBuf, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    (dir, marker, touch)
+}
+
 async fn lock_commands_print_json_and_exit_with_documented_codes(backend: Backend) {
     let h = Harness::start(&backend).await;
     let acquired = palisade(
@@ -340,16 +359,8 @@ exit 7"#,
 async fn run_on_a_held_lock_exits_3_without_running(backend: Backend) {
     let h = Harness::start(&backend).await;
     let c = client(&h);
-    let lease = c
-        .acquire(
-            "busy",
-            palisade::client::AcquireOptions::new("other", Duration::from_secs(30)),
-        )
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let marker = dir.path().join("ran");
-    let touch = format!("touch {}", marker.display());
+    let lease = hold_as_other(&c, "busy", Duration::from_secs(30)).await;
+    let (_dir, marker, touch) = run_marker();
     let started = Instant::now();
     let run = palisade(
         &h,
@@ -460,16 +471,8 @@ async fn run_passes_sigterm_on_and_still_releases(backend: Backend) {
 async fn run_stopped_while_waiting_exits_128_plus_the_signal_without_running(backend: Backend) {
     let h = Harness::start(&backend).await;
     let c = client(&h);
-    let lease = c
-        .acquire(
-            "queued",
-            palisade::client::AcquireOptions::new("other", Duration::from_secs(60)),
-        )
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let marker = dir.path().join("ran");
-    let touch = format!("touch {}", marker.display());
+    let lease = hold_as_other(&c, "queued", Duration::from_secs(60)).await;
+    let (_dir, marker, touch) = run_marker();
     let child = command(
         &h,
         &[
