@@ -22,7 +22,7 @@ use crate::http::{self, AppState};
 use crate::metrics::{self, Metrics, MetricsConfig};
 use crate::retention::{self, RetentionConfig};
 use crate::service::{self, Limits, LockService};
-use crate::store::{GroupCommit, GroupCommitConfig, Store};
+use crate::store::{GroupCommitConfig, Store};
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -131,7 +131,7 @@ impl App {
             Metrics::new(&config.metrics).context("cannot register the Prometheus metrics")?;
         let mut service = LockService::new(store.clone(), limits, stop.clone(), metrics);
         if let Some(group_commit) = config.group_commit {
-            service = service.with_group_commit(GroupCommit::start(&store, group_commit));
+            service = service.with_group_commit(group_commit);
         }
         Ok(Self {
             listener,

@@ -6,7 +6,6 @@
 //! expiries and carry lease endings between instances. It is also where
 //! lock metrics are recorded, so every front end (API, UI) is counted alike.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,10 +17,10 @@ use crate::domain::{Lease, LeaseId, Reason, ResourceName, Token, Ttl, WaitTime};
 use crate::metrics::Metrics;
 use crate::store::{
     AcquireOutcome, AcquireRequest, Event, EventFilter, FenceOutcome, ForceReleaseOutcome,
-    GroupCommit, Recorded, ReleaseOutcome, RenewOutcome, ResourceView, Store, StoreError,
-    StoreResult, StoredValue, ValueWrite, WriteVia,
+    GroupCommit, GroupCommitConfig, Recorded, ReleaseOutcome, RenewOutcome, ResourceView, Store,
+    StoreError, StoreResult, StoredValue, ValueWrite, WriteVia,
 };
-use crate::waiters::Waiters;
+use crate::waiters::{StandingAnswer, Waiters};
 
 /// The largest value the fenced store accepts, in bytes of JSON text.
 pub const MAX_VALUE_BYTES: usize = 1024 * 1024;
@@ -69,18 +68,10 @@ pub struct LockService {
     wait_permits: Arc<Semaphore>,
     shutdown: CancellationToken,
     metrics: Metrics,
-    /// When set, writes go through shared batch transactions.
+    /// When set, writes go through shared batch transactions, and a batch
+    /// that ends a lease grants it to the next waiter itself.
     group_commit: Option<GroupCommit>,
-    /// The resource of each live lease this instance granted while others
-    /// were queued for it: a release names only its lease, and this lets it
-    /// wake the next waiter as soon as the release is queued. Only with a
-    /// serial group commit (see [`GroupCommit::is_serial`]).
-    handoffs: Arc<std::sync::Mutex<HashMap<LeaseId, ResourceName>>>,
 }
-
-/// Most leases [`LockService::handoffs`] remembers; past it, releases wake
-/// waiters only after they commit, as they do anyway.
-const MAX_HANDOFFS: usize = 4096;
 
 impl LockService {
     pub fn new(
@@ -97,49 +88,20 @@ impl LockService {
             shutdown,
             metrics,
             group_commit: None,
-            handoffs: Arc::default(),
         }
     }
 
-    fn handoffs(&self) -> std::sync::MutexGuard<'_, HashMap<LeaseId, ResourceName>> {
-        // Always consistent: every critical section is one map operation.
-        self.handoffs.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Remembers `lease`'s resource if someone is queued for it. Entries
-    /// go when the lease ends through this instance; one that ends through
-    /// another (several instances on PostgreSQL with one writer each) stays
-    /// until [`MAX_HANDOFFS`] entries stop further ones, which only loses
-    /// the early wake.
-    fn note_handoff(&self, lease: &Lease) {
-        if self.early_handoffs() && self.waiters.has_queue(lease.resource.as_str()) {
-            let mut handoffs = self.handoffs();
-            if handoffs.len() < MAX_HANDOFFS {
-                handoffs.insert(lease.lease_id.clone(), lease.resource.clone());
-            }
-        }
-    }
-
-    fn forget_handoff(&self, id: &LeaseId) -> Option<ResourceName> {
-        // Nothing was remembered otherwise: no lock on every release.
-        self.early_handoffs().then(|| self.handoffs().remove(id))?
-    }
-
-    /// Whether releases wake the next waiter as soon as they are queued.
-    fn early_handoffs(&self) -> bool {
-        self.group_commit
-            .as_ref()
-            .is_some_and(GroupCommit::is_serial)
-    }
-
-    /// `lease` ended through this instance: wake the head of its queue.
+    /// `lease` ended through this instance: wake the head of its queue
+    /// (unless the batch that ended it granted the resource to that head).
     fn lease_ended(&self, lease: &Lease) {
-        self.forget_handoff(&lease.lease_id);
-        self.waiters.lease_ended(lease.resource.as_str());
+        self.waiters
+            .lease_ended(lease.resource.as_str(), Some(&lease.lease_id));
     }
 
-    /// Sends every write through `group_commit`'s batch transactions.
-    pub fn with_group_commit(mut self, group_commit: GroupCommit) -> Self {
+    /// Sends every write through shared batch transactions (started here:
+    /// their writers hand ended leases to this service's waiters).
+    pub fn with_group_commit(mut self, config: GroupCommitConfig) -> Self {
+        let group_commit = GroupCommit::start(&self.store, config, self.waiters.clone());
         self.group_commit = Some(group_commit);
         self
     }
@@ -164,21 +126,7 @@ impl LockService {
 
     async fn store_release(&self, id: &LeaseId) -> StoreResult<Recorded<ReleaseOutcome>> {
         match &self.group_commit {
-            Some(batched) => {
-                // The next waiter queues its acquire right behind this
-                // release, instead of after it commits: often one batch
-                // ends the lease and grants the next. The usual wake after
-                // the commit still follows (a retry that ran too early, on
-                // a batch's slow path, must not be left waiting).
-                let resource = self.forget_handoff(id);
-                batched
-                    .release(id, || {
-                        if let Some(name) = &resource {
-                            self.waiters.lease_ended(name.as_str());
-                        }
-                    })
-                    .await
-            }
+            Some(batched) => batched.release(id).await,
             None => self.store.release(id).await,
         }
     }
@@ -241,6 +189,11 @@ impl LockService {
     /// passes; the others stay parked until the head leaves. A waiter still
     /// queued at its own deadline makes one last attempt, so its answer
     /// names the current holder.
+    ///
+    /// With group commit, a waiter also leaves its acquire standing in the
+    /// queue: when a batch here ends the lease while this waiter heads the
+    /// queue, that batch runs the acquire after its own requests, and the
+    /// waiter is answered by the commit that freed the resource.
     pub async fn acquire(
         &self,
         req: AcquireRequest,
@@ -259,25 +212,44 @@ impl LockService {
             .map_err(|_| ServiceError::Overloaded)?;
         // Queue up before the first attempt so no ending slips between.
         let mut ticket = self.waiters.enqueue(req.resource.as_str());
+        let stands = self.group_commit.is_some();
+        let mut standing = stands.then(|| ticket.stand(req.clone()));
         let mut retry_at = deadline;
         loop {
-            tokio::select! {
-                () = ticket.turn() => {}
-                () = tokio::time::sleep_until(retry_at) => {}
+            let handed = tokio::select! {
+                () = ticket.turn() => None,
+                () = tokio::time::sleep_until(retry_at) => None,
+                answer = standing_answer(&mut standing) => Some(answer),
                 () = self.shutdown.cancelled() => return Err(ServiceError::ShuttingDown),
-            }
+            };
+            let handed = match handed {
+                Some(answer) => answer,
+                // Our turn (or the timer): try for ourselves, unless a batch
+                // already runs the standing acquire; then its answer is ours.
+                None => match standing.take() {
+                    Some(answer) if !ticket.withdraw() => answer.await.ok(),
+                    _ => None,
+                },
+            };
+            standing = None;
             // An error drops the ticket unserved, which passes the turn on.
-            let outcome = self.settled(self.store_acquire(&req).await?);
+            let recorded = match handed {
+                Some(answer) => answer?,
+                // Never run, or not claimed: try for ourselves.
+                None => self.store_acquire(&req).await?,
+            };
+            let outcome = self.settled(recorded);
             let local_now = Instant::now();
             match &outcome {
                 AcquireOutcome::Held { holder, now } if local_now < deadline => {
-                    // Its release can wake this queue as soon as it is queued.
-                    self.note_handoff(holder);
                     // Retry just after the holder's deadline even if nobody
                     // records the expiry: the acquire itself settles it.
                     let until_expiry = (holder.expires_at - *now).to_std().unwrap_or_default()
                         + Duration::from_millis(1);
                     retry_at = deadline.min(local_now + until_expiry);
+                    if stands {
+                        standing = Some(ticket.stand(req.clone()));
+                    }
                 }
                 AcquireOutcome::Held { .. } => {
                     return Ok(self.acquired(outcome, started.elapsed()));
@@ -294,10 +266,7 @@ impl LockService {
     /// it took.
     fn acquired(&self, outcome: AcquireOutcome, waited: Duration) -> Acquired {
         match &outcome {
-            AcquireOutcome::Granted { lease, .. } => {
-                self.note_handoff(lease);
-                self.metrics.acquire_granted(waited);
-            }
+            AcquireOutcome::Granted { .. } => self.metrics.acquire_granted(waited),
             AcquireOutcome::Existing(_) => self.metrics.acquire_reissued(),
             AcquireOutcome::Held { .. } => self.metrics.acquire_held(),
         }
@@ -408,6 +377,17 @@ impl LockService {
     }
 }
 
+/// The answer to a standing acquire, once a batch ran it (`None`: the
+/// batch dropped it unrun); never resolves while there is none.
+async fn standing_answer(
+    standing: &mut Option<StandingAnswer>,
+) -> Option<StoreResult<Recorded<AcquireOutcome>>> {
+    match standing {
+        Some(answer) => answer.await.ok(),
+        None => std::future::pending().await,
+    }
+}
+
 /// Records expiries every `interval` until `shutdown`, so they show up in
 /// the log about when they happen even if nobody touches the resource.
 pub async fn run_expiry_sweeper(
@@ -448,7 +428,7 @@ pub async fn run_lease_ended_listener(service: LockService, shutdown: Cancellati
                         Ok(Some(n)) => {
                             // This instance woke its own waiters already.
                             if let Some(resource) = pg.announced_elsewhere(n.payload()) {
-                                service.waiters().lease_ended(resource);
+                                service.waiters().lease_ended(resource, None);
                             }
                         }
                         Ok(None) => {
@@ -567,14 +547,11 @@ mod tests {
         }
     }
 
-    /// With one writer, a release wakes the next waiter as soon as it is
-    /// queued; the waiter is granted the lease next, in order, and the
-    /// service forgets every lease it remembered for that once they end.
-    #[tokio::test]
-    async fn early_handoffs_grant_in_order_and_are_forgotten() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let url = format!("sqlite://{}", dir.path().join("s.db").display());
-        let store = Store::connect(&url).await.expect("connect");
+    /// Waiters queued behind a holder are granted the lease by the batch
+    /// that releases it, in order, each token one higher: only the first
+    /// one ever takes a turn (to find the resource held); the others are
+    /// answered by the releases' commits without retrying.
+    async fn queued_waiters_are_granted_by_the_releasing_batch(store: Store) {
         let metrics = Metrics::new(&MetricsConfig::default()).expect("metrics");
         let service = LockService::new(
             store.clone(),
@@ -582,9 +559,10 @@ mod tests {
             CancellationToken::new(),
             metrics,
         )
-        .with_group_commit(GroupCommit::start(&store, GroupCommitConfig::DEFAULT));
+        .with_group_commit(GroupCommitConfig::DEFAULT);
         let wait = WaitTime::from_millis(20_000).expect("wait");
         let first = granted(service.acquire(request("h0"), wait).await.expect("acquire"));
+        let turns_before = service.waiters.turns_taken();
         let mut waiters = Vec::new();
         for i in 1..=3 {
             let waiting = service.clone();
@@ -596,14 +574,14 @@ mod tests {
                 tokio::task::yield_now().await;
             }
         }
-        // The head of the queue found it held: remembered for its release.
+        // The head found it held and left its acquire standing.
         tokio::time::timeout(Duration::from_secs(10), async {
-            while !service.handoffs().contains_key(&first.lease_id) {
+            while service.waiters.standing("handoff") < 3 {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         })
         .await
-        .expect("the holder's lease is remembered");
+        .expect("every waiter stands");
         let mut holder = first;
         for (i, waiter) in waiters.into_iter().enumerate() {
             service.release(&holder.lease_id).await.expect("release");
@@ -612,7 +590,77 @@ mod tests {
             assert_eq!(next.token.get(), holder.token.get() + 1);
             holder = next;
         }
+        assert_eq!(
+            service.waiters.turns_taken() - turns_before,
+            1,
+            "only the first waiter tried for itself"
+        );
         service.release(&holder.lease_id).await.expect("release");
-        assert!(service.handoffs().is_empty(), "every ended lease forgotten");
+        assert_eq!(service.waiters.queued("handoff"), 0);
+        store.close().await;
+    }
+
+    /// A standing waiter that gives up at its deadline leaves nothing
+    /// behind: the release that follows grants nobody.
+    async fn a_standing_waiter_that_times_out_is_not_granted(store: Store) {
+        let metrics = Metrics::new(&MetricsConfig::default()).expect("metrics");
+        let service = LockService::new(
+            store.clone(),
+            Limits::default(),
+            CancellationToken::new(),
+            metrics,
+        )
+        .with_group_commit(GroupCommitConfig::DEFAULT);
+        let holder = granted(
+            service
+                .acquire(request("h0"), WaitTime::from_millis(0).expect("wait"))
+                .await
+                .expect("acquire"),
+        );
+        let short = WaitTime::from_millis(200).expect("wait");
+        let gave_up = service
+            .acquire(request("h1"), short)
+            .await
+            .expect("acquire");
+        assert!(matches!(gave_up.outcome, AcquireOutcome::Held { .. }));
+        assert_eq!(service.waiters.queued("handoff"), 0);
+        service.release(&holder.lease_id).await.expect("release");
+        let name = ResourceName::parse("handoff").expect("name");
+        let view = store.resource(&name).await.expect("read").expect("exists");
+        assert!(view.holder.is_none(), "nobody was granted: {view:?}");
+        store.close().await;
+    }
+
+    async fn sqlite_store(dir: &tempfile::TempDir) -> Store {
+        let url = format!("sqlite://{}", dir.path().join("s.db").display());
+        Store::connect(&url).await.expect("connect")
+    }
+
+    #[tokio::test]
+    async fn queued_waiters_are_granted_by_the_releasing_batch_on_sqlite() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        queued_waiters_are_granted_by_the_releasing_batch(sqlite_store(&dir).await).await;
+    }
+
+    #[tokio::test]
+    async fn queued_waiters_are_granted_by_the_releasing_batch_on_postgres() {
+        if let Some((store, drop_db)) = crate::store::test_postgres_store("service").await {
+            queued_waiters_are_granted_by_the_releasing_batch(store).await;
+            drop_db().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_standing_waiter_that_times_out_is_not_granted_on_sqlite() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        a_standing_waiter_that_times_out_is_not_granted(sqlite_store(&dir).await).await;
+    }
+
+    #[tokio::test]
+    async fn a_standing_waiter_that_times_out_is_not_granted_on_postgres() {
+        if let Some((store, drop_db)) = crate::store::test_postgres_store("service").await {
+            a_standing_waiter_that_times_out_is_not_granted(store).await;
+            drop_db().await;
+        }
     }
 }

@@ -8,11 +8,36 @@
 //! passes the turn to the next ticket, so no ending is ever lost. A wake is
 //! a stored flag, not an edge: an ending that arrives before the head starts
 //! waiting is still seen. Queues are removed with their last ticket.
+//!
+//! With group commit a waiter also leaves a *standing acquire* in its
+//! ticket: the batch that ends the resource's lease takes the head's
+//! standing acquire and runs it in the same transaction, so one commit ends
+//! one lease and grants the next, and the waiter is answered by that
+//! commit instead of waking up to retry (see [`Waiters::claim`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
+
+use crate::domain::LeaseId;
+use crate::store::{AcquireOutcome, AcquireRequest, Recorded, StoreResult};
+
+/// An acquire a queued waiter leaves for the batch that ends the current
+/// lease to run on its behalf.
+pub struct StandingAcquire {
+    pub request: AcquireRequest,
+    /// Answered once the batch that ran it commits; dropped unanswered when
+    /// the batch did not run it after all (the waiter then tries itself).
+    pub reply: oneshot::Sender<StoreResult<Recorded<AcquireOutcome>>>,
+}
+
+/// Where a standing acquire's answer arrives.
+pub type StandingAnswer = oneshot::Receiver<StoreResult<Recorded<AcquireOutcome>>>;
+
+/// Endings a queue remembers as handed to a standing acquire (normally
+/// one: an entry is taken by the wake that follows its commit).
+const MAX_HANDED_OFF: usize = 8;
 
 #[derive(Clone, Default)]
 pub struct Waiters {
@@ -22,7 +47,19 @@ pub struct Waiters {
 #[derive(Default)]
 struct Registry {
     next_id: u64,
-    queues: HashMap<String, VecDeque<Entry>>,
+    queues: HashMap<String, Queue>,
+    /// Turns taken so far, for tests that count retries.
+    #[cfg(test)]
+    turns: u64,
+}
+
+#[derive(Default)]
+struct Queue {
+    entries: VecDeque<Entry>,
+    /// Endings already handed to the waiter whose standing acquire ran in
+    /// the same batch: the wake that follows their commit would only make
+    /// the next waiter retry against the lease just granted.
+    handed_off: Vec<LeaseId>,
 }
 
 struct Entry {
@@ -31,6 +68,7 @@ struct Entry {
     /// tried: only ever set on the head.
     woken: bool,
     notify: Arc<Notify>,
+    standing: Option<StandingAcquire>,
 }
 
 impl Entry {
@@ -59,12 +97,13 @@ impl Waiters {
         registry.next_id += 1;
         let id = registry.next_id;
         let notify = Arc::new(Notify::new());
-        let queue = registry.queues.entry(name.to_owned()).or_default();
+        let queue = &mut registry.queues.entry(name.to_owned()).or_default().entries;
         let first = queue.is_empty();
         queue.push_back(Entry {
             id,
             woken: first,
             notify: notify.clone(),
+            standing: None,
         });
         Ticket {
             name: name.to_owned(),
@@ -75,14 +114,19 @@ impl Waiters {
         }
     }
 
-    /// A lease on `name` ended: wake the head of its queue.
-    pub fn lease_ended(&self, name: &str) {
-        if let Some(head) = self
-            .lock()
-            .queues
-            .get_mut(name)
-            .and_then(VecDeque::front_mut)
-        {
+    /// A lease on `name` ended (`lease`, when known: endings recorded by
+    /// this instance): wake the head of its queue, unless that ending was
+    /// already handed to a standing acquire.
+    pub fn lease_ended(&self, name: &str, lease: Option<&LeaseId>) {
+        let mut registry = self.lock();
+        let Some(queue) = registry.queues.get_mut(name) else {
+            return;
+        };
+        if let Some(at) = lease.and_then(|id| queue.handed_off.iter().position(|h| h == id)) {
+            queue.handed_off.swap_remove(at);
+            return;
+        }
+        if let Some(head) = queue.entries.front_mut() {
             head.wake();
         }
     }
@@ -91,15 +135,34 @@ impl Waiters {
     /// when endings may have been missed).
     pub fn wake_all(&self) {
         for queue in self.lock().queues.values_mut() {
-            if let Some(head) = queue.front_mut() {
+            if let Some(head) = queue.entries.front_mut() {
                 head.wake();
             }
         }
     }
 
-    /// Whether anyone is queued for `name`.
-    pub fn has_queue(&self, name: &str) -> bool {
-        self.lock().queues.contains_key(name)
+    /// Takes the standing acquire of the head of `name`'s queue, for a
+    /// batch in which a lease on `name` ended to run it (after every other
+    /// request of the batch). Whoever takes it must answer it or drop it.
+    pub fn claim(&self, name: &str) -> Option<StandingAcquire> {
+        self.lock()
+            .queues
+            .get_mut(name)?
+            .entries
+            .front_mut()?
+            .standing
+            .take()
+    }
+
+    /// The batch that ran a claimed standing acquire committed: the ending
+    /// `lease` it ran after needs no wake any more.
+    pub fn handed_off(&self, name: &str, lease: &LeaseId) {
+        if let Some(queue) = self.lock().queues.get_mut(name) {
+            if queue.handed_off.len() == MAX_HANDED_OFF {
+                queue.handed_off.remove(0);
+            }
+            queue.handed_off.push(lease.clone());
+        }
     }
 
     /// How many resources have waiters right now.
@@ -111,24 +174,55 @@ impl Waiters {
     /// How many waiters are queued for `name`.
     #[cfg(test)]
     pub fn queued(&self, name: &str) -> usize {
-        self.lock().queues.get(name).map_or(0, VecDeque::len)
+        self.lock().queues.get(name).map_or(0, |q| q.entries.len())
+    }
+
+    /// How many turns waiters have taken (each is one retry).
+    #[cfg(test)]
+    pub fn turns_taken(&self) -> u64 {
+        self.lock().turns
+    }
+
+    /// How many of `name`'s waiters have an acquire standing.
+    #[cfg(test)]
+    pub fn standing(&self, name: &str) -> usize {
+        self.lock().queues.get(name).map_or(0, |q| {
+            q.entries.iter().filter(|e| e.standing.is_some()).count()
+        })
     }
 
     /// Claims the turn if `id` heads `name`'s queue and has been woken.
     fn take_turn(&self, name: &str, id: u64) -> bool {
         let mut registry = self.lock();
-        match registry.queues.get_mut(name).and_then(VecDeque::front_mut) {
+        match registry
+            .queues
+            .get_mut(name)
+            .and_then(|q| q.entries.front_mut())
+        {
             Some(head) if head.id == id && head.woken => {
                 head.woken = false;
+                #[cfg(test)]
+                {
+                    registry.turns += 1;
+                }
                 true
             }
             _ => false,
         }
     }
 
+    /// The entry `id` of `name`'s queue, if it is still queued.
+    fn entry(&self, name: &str, id: u64, f: impl FnOnce(&mut Entry)) {
+        let mut registry = self.lock();
+        let entries = registry.queues.get_mut(name).map(|q| &mut q.entries);
+        if let Some(entry) = entries.and_then(|e| e.iter_mut().find(|e| e.id == id)) {
+            f(entry);
+        }
+    }
+
     fn leave(&self, name: &str, id: u64, served: bool) {
         let mut registry = self.lock();
-        let Some(queue) = registry.queues.get_mut(name) else {
+        let Some(queue) = registry.queues.get_mut(name).map(|q| &mut q.entries) else {
             return;
         };
         let Some(position) = queue.iter().position(|e| e.id == id) else {
@@ -162,6 +256,28 @@ impl Ticket {
         }
     }
 
+    /// Leaves `request` for the batch that next ends a lease on this
+    /// resource while this ticket heads the queue (replacing any earlier
+    /// one); its answer arrives on the returned receiver. Until a batch
+    /// claims it, [`Ticket::withdraw`] takes it back.
+    pub fn stand(&mut self, request: AcquireRequest) -> StandingAnswer {
+        let (reply, answer) = oneshot::channel();
+        let standing = StandingAcquire { request, reply };
+        self.registry
+            .entry(&self.name, self.id, |e| e.standing = Some(standing));
+        answer
+    }
+
+    /// Takes back this ticket's standing acquire. False if there was none
+    /// left: a batch claimed it, and its answer is on the way.
+    pub fn withdraw(&mut self) -> bool {
+        let mut withdrawn = false;
+        self.registry.entry(&self.name, self.id, |e| {
+            withdrawn = e.standing.take().is_some();
+        });
+        withdrawn
+    }
+
     /// Whether this ticket is at the head of its queue.
     #[cfg(test)]
     pub fn is_head(&self) -> bool {
@@ -169,7 +285,7 @@ impl Ticket {
         registry
             .queues
             .get(&self.name)
-            .and_then(VecDeque::front)
+            .and_then(|q| q.entries.front())
             .is_some_and(|head| head.id == self.id)
     }
 
@@ -212,7 +328,7 @@ mod tests {
         let waiters = Waiters::default();
         let mut sub = waiters.enqueue("r");
         assert!(gets_turn(&mut sub).await);
-        waiters.lease_ended("r");
+        waiters.lease_ended("r", None);
         assert!(gets_turn(&mut sub).await, "woken by an earlier ending");
     }
 
@@ -221,7 +337,7 @@ mod tests {
         let waiters = Waiters::default();
         let mut tickets: Vec<Ticket> = (0..4).map(|_| waiters.enqueue("r")).collect();
         assert!(gets_turn(&mut tickets[0]).await);
-        waiters.lease_ended("r");
+        waiters.lease_ended("r", None);
         for ticket in &mut tickets[1..] {
             assert!(!gets_turn(ticket).await);
         }
@@ -237,7 +353,7 @@ mod tests {
         first.served();
         assert!(second.is_head());
         assert!(!gets_turn(&mut second).await, "the resource is held now");
-        waiters.lease_ended("r");
+        waiters.lease_ended("r", None);
         assert!(gets_turn(&mut second).await);
     }
 
@@ -247,7 +363,7 @@ mod tests {
         let mut first = waiters.enqueue("r");
         let mut second = waiters.enqueue("r");
         assert!(gets_turn(&mut first).await);
-        waiters.lease_ended("r");
+        waiters.lease_ended("r", None);
         drop(first);
         assert!(gets_turn(&mut second).await);
     }
@@ -259,7 +375,7 @@ mod tests {
         let mut second = waiters.enqueue("r");
         assert!(gets_turn(&mut first).await);
         // An ending arrives while the head's winning attempt is in flight.
-        waiters.lease_ended("r");
+        waiters.lease_ended("r", None);
         first.served();
         assert!(gets_turn(&mut second).await);
     }
@@ -277,7 +393,7 @@ mod tests {
             assert!(gets_turn(&mut next).await);
             order.push(next.id);
             next.served();
-            waiters.lease_ended("r");
+            waiters.lease_ended("r", None);
         }
         assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
     }
@@ -310,8 +426,68 @@ mod tests {
         let waiters = Waiters::default();
         let mut sub = waiters.enqueue("r");
         assert!(gets_turn(&mut sub).await);
-        waiters.lease_ended("other");
+        waiters.lease_ended("other", None);
         assert!(!gets_turn(&mut sub).await);
+    }
+
+    fn request() -> AcquireRequest {
+        use crate::domain::{Holder, ResourceName, Ttl};
+        AcquireRequest {
+            resource: ResourceName::parse("r").expect("name"),
+            holder: Holder::parse("w").expect("holder"),
+            ttl: Ttl::from_millis(1_000, Ttl::DEFAULT_MAX).expect("ttl"),
+            request_id: None,
+            lease_id: LeaseId::generate(),
+        }
+    }
+
+    #[tokio::test]
+    async fn only_the_heads_standing_acquire_is_claimed() {
+        let waiters = Waiters::default();
+        let mut first = waiters.enqueue("r");
+        let mut second = waiters.enqueue("r");
+        let _first_answer = first.stand(request());
+        let second_request = request();
+        let _second_answer = second.stand(second_request.clone());
+        assert!(waiters.claim("r").is_some());
+        assert!(waiters.claim("r").is_none(), "claimed once");
+        assert!(!first.withdraw(), "the claimed one cannot be taken back");
+        assert!(waiters.claim("other").is_none());
+        drop(first);
+        let claimed = waiters.claim("r").expect("the new head's");
+        assert_eq!(claimed.request.lease_id, second_request.lease_id);
+    }
+
+    #[tokio::test]
+    async fn a_withdrawn_or_departed_standing_acquire_is_never_claimed() {
+        let waiters = Waiters::default();
+        let mut first = waiters.enqueue("r");
+        let _answer = first.stand(request());
+        assert!(first.withdraw());
+        assert!(!first.withdraw(), "nothing left to take back");
+        assert!(waiters.claim("r").is_none());
+        let answer = first.stand(request());
+        drop(first);
+        assert!(waiters.claim("r").is_none());
+        assert!(answer.await.is_err(), "its answer will never come");
+    }
+
+    #[tokio::test]
+    async fn a_handed_off_ending_does_not_wake_the_head_once() {
+        let waiters = Waiters::default();
+        let mut sub = waiters.enqueue("r");
+        assert!(gets_turn(&mut sub).await);
+        let ended = LeaseId::generate();
+        waiters.handed_off("r", &ended);
+        waiters.lease_ended("r", Some(&ended));
+        assert!(!gets_turn(&mut sub).await, "that ending was handed on");
+        waiters.lease_ended("r", Some(&ended));
+        assert!(gets_turn(&mut sub).await, "a second report is a new ending");
+        waiters.handed_off("r", &ended);
+        waiters.lease_ended("r", Some(&LeaseId::generate()));
+        assert!(gets_turn(&mut sub).await, "other endings still wake");
+        waiters.lease_ended("r", None);
+        assert!(gets_turn(&mut sub).await, "as do endings from elsewhere");
     }
 
     #[tokio::test]

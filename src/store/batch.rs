@@ -17,6 +17,12 @@
 //! disk (its row locks keep the two in order on any resource they share).
 //! If the commit fails, no request of the batch was
 //! acknowledged, and every one gets the error.
+//!
+//! A batch in which a lease ends also grants the resource to the next local
+//! waiter, in the same transaction: after its own requests it runs the
+//! standing acquire that the head of the resource's waiter queue left (see
+//! [`crate::waiters`]). A hot resource's handoff then costs one commit, not
+//! a commit, a wake-up and another commit.
 
 use std::sync::Arc;
 
@@ -27,6 +33,7 @@ use super::staged::{BatchTx, Plan, StagedTx};
 use super::types::*;
 use super::{Backend, ResourceTx, Store, StoreError, StoreResult};
 use crate::domain::{Lease, LeaseId, Reason, ResourceName, Token, Ttl};
+use crate::waiters::{StandingAcquire, Waiters};
 
 /// Requests waiting for a writer, beyond which callers wait to enqueue.
 const QUEUE_DEPTH: usize = 4096;
@@ -88,13 +95,13 @@ impl GroupCommitConfig {
 #[derive(Clone)]
 pub struct GroupCommit {
     queue: mpsc::Sender<Pending>,
-    /// One writer: each batch starts after the one before it committed.
-    serial: bool,
 }
 
 impl GroupCommit {
-    /// Starts the writer tasks over `store`'s backend.
-    pub fn start(store: &Store, config: GroupCommitConfig) -> Self {
+    /// Starts the writer tasks over `store`'s backend. A batch that ends a
+    /// lease runs the standing acquire of the head of `waiters`' queue for
+    /// that resource.
+    pub fn start(store: &Store, config: GroupCommitConfig, waiters: Waiters) -> Self {
         let (queue, receiver) = mpsc::channel(QUEUE_DEPTH);
         let receiver = Arc::new(Mutex::new(receiver));
         let writers = match store {
@@ -106,49 +113,22 @@ impl GroupCommit {
         // slower (docs/performance.md).
         let gate = Arc::new(Semaphore::new(1));
         for _ in 0..writers {
-            let receiver = receiver.clone();
-            let gate = gate.clone();
-            let max_batch = config.max_batch.max(1);
+            let writer = Writer {
+                receiver: receiver.clone(),
+                gate: gate.clone(),
+                max_batch: config.max_batch.max(1),
+                waiters: waiters.clone(),
+            };
             match store {
-                Store::Sqlite(b) => {
-                    tokio::spawn(run_writer(b.clone(), receiver, gate, max_batch));
-                }
-                Store::Postgres(b) => {
-                    tokio::spawn(run_writer(b.clone(), receiver, gate, max_batch));
-                }
-            }
+                Store::Sqlite(b) => tokio::spawn(writer.run(b.clone())),
+                Store::Postgres(b) => tokio::spawn(writer.run(b.clone())),
+            };
         }
-        Self {
-            queue,
-            serial: writers == 1,
-        }
-    }
-
-    /// Whether a request queued behind another runs only after that one's
-    /// batch committed or in the same batch (one writer, as on SQLite). With
-    /// several writers it may run in a batch of its own that waits for the
-    /// other's row locks while holding the gate, stalling every batch
-    /// behind it (measured: hot handoffs on PostgreSQL 15–50% slower when
-    /// waiters were woken early).
-    pub fn is_serial(&self) -> bool {
-        self.serial
+        Self { queue }
     }
 
     async fn submit(&self, request: WriteRequest) -> StoreResult<WriteReply> {
-        self.submit_then(request, || {}).await
-    }
-
-    /// Submits `request`, runs `queued` once it is in the queue (anything
-    /// submitted after that runs after it, in its batch or a later one),
-    /// then waits for the answer.
-    async fn submit_then(
-        &self,
-        request: WriteRequest,
-        queued: impl FnOnce(),
-    ) -> StoreResult<WriteReply> {
-        let answer = self.enqueue(request).await?;
-        queued();
-        answered(answer).await
+        answered(self.enqueue(request).await?).await
     }
 
     /// Puts `request` in the queue; its answer arrives on the receiver.
@@ -179,19 +159,8 @@ impl GroupCommit {
         }
     }
 
-    /// Releases; `queued` runs once the release is in the queue, so a
-    /// waiter woken by it queues its acquire behind the release: into the
-    /// same batch when it is quick enough, so one commit both frees the
-    /// resource and grants it.
-    pub async fn release(
-        &self,
-        id: &LeaseId,
-        queued: impl FnOnce(),
-    ) -> StoreResult<Recorded<ReleaseOutcome>> {
-        match self
-            .submit_then(WriteRequest::Release(id.clone()), queued)
-            .await?
-        {
+    pub async fn release(&self, id: &LeaseId) -> StoreResult<Recorded<ReleaseOutcome>> {
+        match self.submit(WriteRequest::Release(id.clone())).await? {
             WriteReply::Release(r) => Ok(r),
             _ => Err(mismatched()),
         }
@@ -274,40 +243,52 @@ fn mismatched() -> StoreError {
     StoreError::Corrupt("group commit answered with the wrong kind of reply".into())
 }
 
-async fn run_writer<B: Backend>(
-    backend: B,
+/// One writer task's share of the batcher.
+struct Writer {
     receiver: Arc<Mutex<mpsc::Receiver<Pending>>>,
+    /// One permit: the batch that holds it locks, loads and runs.
     gate: Arc<Semaphore>,
     max_batch: usize,
-) {
-    loop {
-        // The first request, then a transaction for it, then the gate: a
-        // writer opens its transaction (one round trip) while the batch
-        // ahead of it still runs, and only forms, locks, loads and runs its
-        // batch holding the gate's permit. It gives the permit back before
-        // flushing: the next batch runs while this one's writes and commit
-        // wait for the database, and batches stay as large as the traffic
-        // allows instead of being split between idle writers.
-        let Some(first) = receiver.lock().await.recv().await else {
-            return;
-        };
-        let tx = backend.begin_write().await;
-        let Ok(permit) = gate.clone().acquire_owned().await else {
-            return;
-        };
-        let mut batch = vec![first];
-        // Never wait for the receiver here: another writer holding it is
-        // waiting for a request, so none is queued, and waiting for it
-        // would hold this batch (and the gate) until traffic arrives.
-        if let Ok(mut receiver) = receiver.try_lock() {
-            while batch.len() < max_batch {
-                match receiver.try_recv() {
-                    Ok(next) => batch.push(next),
-                    Err(_) => break,
+    waiters: Waiters,
+}
+
+impl Writer {
+    async fn run<B: Backend>(self, backend: B) {
+        let Self {
+            receiver,
+            gate,
+            max_batch,
+            waiters,
+        } = self;
+        loop {
+            // The first request, then a transaction for it, then the gate: a
+            // writer opens its transaction (one round trip) while the batch
+            // ahead of it still runs, and only forms, locks, loads and runs its
+            // batch holding the gate's permit. It gives the permit back before
+            // flushing: the next batch runs while this one's writes and commit
+            // wait for the database, and batches stay as large as the traffic
+            // allows instead of being split between idle writers.
+            let Some(first) = receiver.lock().await.recv().await else {
+                return;
+            };
+            let tx = backend.begin_write().await;
+            let Ok(permit) = gate.clone().acquire_owned().await else {
+                return;
+            };
+            let mut batch = vec![first];
+            // Never wait for the receiver here: another writer holding it is
+            // waiting for a request, so none is queued, and waiting for it
+            // would hold this batch (and the gate) until traffic arrives.
+            if let Ok(mut receiver) = receiver.try_lock() {
+                while batch.len() < max_batch {
+                    match receiver.try_recv() {
+                        Ok(next) => batch.push(next),
+                        Err(_) => break,
+                    }
                 }
             }
+            run_batch(&backend, tx, batch, permit, &waiters).await;
         }
-        run_batch(&backend, tx, batch, permit).await;
     }
 }
 
@@ -318,24 +299,40 @@ async fn run_batch<B: Backend, G: Send>(
     tx: StoreResult<B::Tx>,
     batch: Vec<Pending>,
     gate: G,
+    waiters: &Waiters,
 ) {
     let started = std::time::Instant::now();
-    let staged = run_staged::<B, G>(tx, &batch, gate).await;
+    let staged = run_staged::<B, G>(tx, &batch, gate, waiters).await;
     tracing::trace!(
         requests = batch.len(),
         elapsed_us = started.elapsed().as_micros(),
         "batch"
     );
     match staged {
-        Staged::Committed(results) => {
+        Staged::Committed(results, handoffs) => {
+            // Before any answer goes out: the releases' wakes must find
+            // their endings already handed on.
+            for handoff in &handoffs {
+                for lease in &handoff.after {
+                    waiters.handed_off(handoff.resource.as_str(), lease);
+                }
+            }
             for (pending, result) in batch.into_iter().zip(results) {
                 // The caller may have gone away (request cancelled); its
                 // write stands, like any committed write whose answer was lost.
                 let _ = pending.reply.send(result);
             }
+            for handoff in handoffs {
+                let _ = handoff.reply.send(handoff.result);
+            }
         }
         // The commit's fate is unknown: nothing may be run twice.
-        Staged::CommitFailed(err) => fail_all(batch, &err),
+        Staged::CommitFailed(err, handoffs) => {
+            for handoff in handoffs {
+                let _ = handoff.reply.send(Err(batch_failed(&err)));
+            }
+            fail_all(batch, &err);
+        }
         Staged::Unavailable(err) => fail_all(batch, &err),
         Staged::Retry(why) => {
             tracing::debug!(%why, requests = batch.len(), "batch runs request by request");
@@ -345,12 +342,25 @@ async fn run_batch<B: Backend, G: Send>(
 }
 
 enum Staged {
-    Committed(Vec<StoreResult<WriteReply>>),
+    /// Each request's result, in order, and the standing acquires the
+    /// batch ran after them.
+    Committed(Vec<StoreResult<WriteReply>>, Vec<Handoff>),
     /// Nothing was committed and the database cannot be reached.
     Unavailable(StoreError),
-    /// Nothing was committed; the slow path can run the batch.
+    /// Nothing was committed; the slow path can run the batch (a standing
+    /// acquire it claimed is dropped: its waiter tries for itself).
     Retry(String),
-    CommitFailed(StoreError),
+    CommitFailed(StoreError, Vec<Handoff>),
+}
+
+/// A waiter's standing acquire, run by the batch in which the resource's
+/// lease ended.
+struct Handoff {
+    resource: ResourceName,
+    /// The endings it ran after.
+    after: Vec<LeaseId>,
+    reply: oneshot::Sender<StoreResult<Recorded<AcquireOutcome>>>,
+    result: StoreResult<Recorded<AcquireOutcome>>,
 }
 
 /// The fast path (see [`super::staged`]): lock and load once, run every
@@ -362,6 +372,7 @@ async fn run_staged<B: Backend, G: Send>(
     tx: StoreResult<B::Tx>,
     batch: &[Pending],
     gate: G,
+    waiters: &Waiters,
 ) -> Staged {
     let not_committed = |err: StoreError| match err {
         StoreError::Unavailable(_) => Staged::Unavailable(err),
@@ -388,6 +399,10 @@ async fn run_staged<B: Backend, G: Send>(
             Err(err) => return Staged::Retry(err.to_string()),
         }
     }
+    let handoffs = match hand_on(&mut staged, &results, waiters).await {
+        Ok(handoffs) => handoffs,
+        Err(err) => return Staged::Retry(err.to_string()),
+    };
     if let Some(why) = staged.missed() {
         return Staged::Retry(why.to_owned());
     }
@@ -399,8 +414,73 @@ async fn run_staged<B: Backend, G: Send>(
     }
     tracing::trace!(elapsed_us = started.elapsed().as_micros(), "batch flushed");
     match B::commit(tx).await {
-        Ok(()) => Staged::Committed(results),
-        Err(err) => Staged::CommitFailed(err),
+        Ok(()) => Staged::Committed(results, handoffs),
+        Err(err) => Staged::CommitFailed(err, handoffs),
+    }
+}
+
+/// Runs, after the batch's own requests, the standing acquire of the next
+/// waiter on each resource whose lease one of them ended. The outer error
+/// means the in-memory savepoint failed (the batch goes to the slow path).
+async fn hand_on(
+    staged: &mut StagedTx,
+    results: &[StoreResult<WriteReply>],
+    waiters: &Waiters,
+) -> StoreResult<Vec<Handoff>> {
+    let mut ended: Vec<(ResourceName, Vec<LeaseId>)> = Vec::new();
+    for lease in results
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .flat_map(ended_by)
+    {
+        match ended.iter_mut().find(|(name, _)| *name == lease.resource) {
+            Some((_, ids)) => ids.push(lease.lease_id.clone()),
+            None => ended.push((lease.resource.clone(), vec![lease.lease_id.clone()])),
+        }
+    }
+    let mut handoffs = Vec::new();
+    for (resource, after) in ended {
+        let Some(StandingAcquire { request, reply }) = waiters.claim(resource.as_str()) else {
+            continue;
+        };
+        let result = match run_isolated(staged, &WriteRequest::Acquire(request)).await? {
+            Ok(WriteReply::Acquire(recorded)) => Ok(recorded),
+            Ok(_) => Err(mismatched()),
+            Err(err) => Err(err),
+        };
+        handoffs.push(Handoff {
+            resource,
+            after,
+            reply,
+            result,
+        });
+    }
+    Ok(handoffs)
+}
+
+/// The leases a request's reply says it ended.
+fn ended_by(reply: &WriteReply) -> impl Iterator<Item = &Lease> {
+    let (expired, ended) = match reply {
+        WriteReply::Acquire(r) => (&r.expired, None),
+        WriteReply::Renew(r) => (&r.expired, None),
+        WriteReply::Fence(r) => (&r.expired, None),
+        WriteReply::Release(r) => (&r.expired, released(&r.outcome)),
+        WriteReply::ForceRelease(r) => (
+            &r.expired,
+            match &r.outcome {
+                ForceReleaseOutcome::Released(lease) => Some(lease),
+                _ => None,
+            },
+        ),
+        WriteReply::Expire(lease) => (&None, lease.as_ref()),
+    };
+    expired.iter().chain(ended)
+}
+
+fn released(outcome: &ReleaseOutcome) -> Option<&Lease> {
+    match outcome {
+        ReleaseOutcome::Released(lease) => Some(lease),
+        _ => None,
     }
 }
 
@@ -520,10 +600,12 @@ async fn run_one<T: ResourceTx>(tx: &mut T, request: &WriteRequest) -> StoreResu
 fn fail_all(batch: Vec<Pending>, err: &StoreError) {
     tracing::warn!(error = %err, requests = batch.len(), "group commit batch failed");
     for pending in batch {
-        let _ = pending
-            .reply
-            .send(Err(StoreError::Unavailable(format!("batch failed: {err}"))));
+        let _ = pending.reply.send(Err(batch_failed(err)));
     }
+}
+
+fn batch_failed(err: &StoreError) -> StoreError {
+    StoreError::Unavailable(format!("batch failed: {err}"))
 }
 
 #[cfg(test)]
@@ -697,18 +779,10 @@ mod tests {
             batch.push(p);
             answers.push(a);
         }
-        let staged = match &store {
-            Store::Sqlite(b) => {
-                run_staged::<SqliteBackend, _>(b.begin_write().await, &batch, ()).await
-            }
-            Store::Postgres(b) => {
-                run_staged::<PgBackend, _>(b.begin_write().await, &batch, ()).await
-            }
-        };
-        let results = match staged {
-            Staged::Committed(results) => results,
+        let results = match staged_on(&store, &batch, &Waiters::default()).await {
+            Staged::Committed(results, _) => results,
             Staged::Retry(why) => panic!("fell back to the slow path: {why}"),
-            Staged::Unavailable(err) | Staged::CommitFailed(err) => panic!("failed: {err}"),
+            Staged::Unavailable(err) | Staged::CommitFailed(err, _) => panic!("failed: {err}"),
         };
         let outcomes: Vec<String> = results
             .into_iter()
@@ -780,6 +854,7 @@ mod tests {
                 writers: 3,
                 max_batch: 64,
             },
+            Waiters::default(),
         );
         for i in 0..5 {
             let answer = tokio::time::timeout(
@@ -806,6 +881,7 @@ mod tests {
                 writers: 2,
                 max_batch: 16,
             },
+            Waiters::default(),
         );
         for i in 0..40 {
             let mut req = acquire(&format!("due-{i:02}"));
@@ -882,55 +958,134 @@ mod tests {
         store.close().await;
     }
 
+    /// A batch that releases a lease then runs the standing acquire of the
+    /// head of the resource's queue (only the head's): one commit ends one
+    /// lease and grants the next, and the release's own wake afterwards is
+    /// recognised as handed on, so the granted head is not woken to retry.
+    async fn a_release_grants_the_standing_head_in_its_batch(store: Store) {
+        let holder = granted(store.acquire(&acquire("hot")).await.expect("acquire"));
+        let waiters = Waiters::default();
+        let mut head = waiters.enqueue("hot");
+        head.turn().await; // the first arrival's turn: it found the lease held
+        let mut behind = waiters.enqueue("hot");
+        let head_request = acquire("hot");
+        let head_answer = head.stand(head_request.clone());
+        let _behind_answer = behind.stand(acquire("hot"));
+        let (release, released) = pending(WriteRequest::Release(holder.lease_id.clone()));
+        run_with(&store, vec![release], &waiters).await;
+        assert!(matches!(
+            released.await.expect("answered"),
+            Ok(WriteReply::Release(Recorded {
+                outcome: ReleaseOutcome::Released(_),
+                ..
+            }))
+        ));
+        let next = granted(head_answer.await.expect("answered").expect("acquire"));
+        assert_eq!(next.lease_id, head_request.lease_id);
+        assert_eq!(next.token.get(), holder.token.get() + 1);
+        assert_eq!(waiters.standing("hot"), 1, "the one behind still stands");
+        // The release's wake, after its commit: already handed on.
+        waiters.lease_ended("hot", Some(&holder.lease_id));
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), head.turn())
+                .await
+                .is_err(),
+            "the granted head is not woken"
+        );
+        let resource = ResourceName::parse("hot").expect("name");
+        let view = store.resource(&resource).await.expect("read").expect("row");
+        assert_eq!(view.holder.map(|l| l.lease_id), Some(next.lease_id));
+        let filter = EventFilter {
+            resource: Some(resource),
+            kind: None,
+            after: 0,
+            limit: 100,
+        };
+        let history: Vec<(EventKind, Option<i64>)> = store
+            .events(&filter)
+            .await
+            .expect("events")
+            .into_iter()
+            .map(|e| (e.kind, e.token))
+            .collect();
+        let t = holder.token.get();
+        assert_eq!(
+            history,
+            vec![
+                (EventKind::Acquired, Some(t)),
+                (EventKind::Released, Some(t)),
+                (EventKind::Acquired, Some(t + 1)),
+            ]
+        );
+        drop(behind);
+        store.close().await;
+    }
+
+    /// A batch that falls back to the slow path drops the standing acquire
+    /// it claimed, unrun: the waiter learns it must try for itself, nothing
+    /// was granted to it, and the release's wake still reaches it.
+    async fn a_batch_on_the_slow_path_leaves_the_waiter_to_try(store: Store) {
+        let holder = granted(store.acquire(&acquire("hot")).await.expect("acquire"));
+        let existing = granted(store.acquire(&acquire("x")).await.expect("acquire x"));
+        let waiters = Waiters::default();
+        let mut head = waiters.enqueue("hot");
+        head.turn().await;
+        let head_answer = head.stand(acquire("hot"));
+        let mut duplicate = acquire("dup");
+        duplicate.lease_id = existing.lease_id.clone();
+        let (release, released) = pending(WriteRequest::Release(holder.lease_id.clone()));
+        let (bad, _bad_answer) = pending(WriteRequest::Acquire(duplicate));
+        run_with(&store, vec![release, bad], &waiters).await;
+        assert!(matches!(
+            released.await.expect("answered"),
+            Ok(WriteReply::Release(Recorded {
+                outcome: ReleaseOutcome::Released(_),
+                ..
+            }))
+        ));
+        assert!(head_answer.await.is_err(), "dropped unrun");
+        let resource = ResourceName::parse("hot").expect("name");
+        let view = store.resource(&resource).await.expect("read").expect("row");
+        assert!(view.holder.is_none(), "nobody was granted");
+        waiters.lease_ended("hot", Some(&holder.lease_id));
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_secs(1), head.turn())
+                .await
+                .is_ok(),
+            "the release's wake reaches the waiter"
+        );
+        store.close().await;
+    }
+
+    /// Runs `batch` on the fast path alone, handing ended leases to
+    /// `waiters`, and returns what it did (answering nobody).
+    async fn staged_on(store: &Store, batch: &[Pending], waiters: &Waiters) -> Staged {
+        match store {
+            Store::Sqlite(b) => {
+                run_staged::<SqliteBackend, _>(b.begin_write().await, batch, (), waiters).await
+            }
+            Store::Postgres(b) => {
+                run_staged::<PgBackend, _>(b.begin_write().await, batch, (), waiters).await
+            }
+        }
+    }
+
     /// Runs a hand-built batch on `store`'s backend.
     async fn run_on(store: &Store, batch: Vec<Pending>) {
+        run_with(store, batch, &Waiters::default()).await;
+    }
+
+    /// Runs `batch` as one batch, handing ended leases to `waiters`.
+    async fn run_with(store: &Store, batch: Vec<Pending>, waiters: &Waiters) {
         match store {
-            Store::Sqlite(b) => run_batch(b, b.begin_write().await, batch, ()).await,
-            Store::Postgres(b) => run_batch(b, b.begin_write().await, batch, ()).await,
+            Store::Sqlite(b) => run_batch(b, b.begin_write().await, batch, (), waiters).await,
+            Store::Postgres(b) => run_batch(b, b.begin_write().await, batch, (), waiters).await,
         }
     }
 
     async fn sqlite_store(dir: &tempfile::TempDir) -> Store {
         let url = format!("sqlite://{}", dir.path().join("batch.db").display());
         Store::connect(&url).await.expect("connect")
-    }
-
-    /// A store on a fresh PostgreSQL database, and how to drop it; `None`
-    /// when PostgreSQL is not configured outside CI.
-    async fn postgres_store() -> Option<(Store, impl AsyncFnOnce())> {
-        use sqlx::Connection;
-        let Ok(admin_url) = std::env::var("PALISADE_TEST_POSTGRES_URL") else {
-            let in_ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false");
-            assert!(
-                !in_ci,
-                "PALISADE_TEST_POSTGRES_URL is not set in CI: the test must run"
-            );
-            eprintln!("SKIPPED: PostgreSQL test (set PALISADE_TEST_POSTGRES_URL to run it)");
-            return None;
-        };
-        // `palisade_t_…`: .ci/run drops what an interrupted run leaves.
-        let name = format!(
-            "palisade_t_batch_{}",
-            hex::encode(rand::random::<[u8; 6]>())
-        );
-        let mut admin = sqlx::PgConnection::connect(&admin_url)
-            .await
-            .expect("admin");
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&mut admin)
-            .await
-            .expect("create database");
-        let (base, _) = admin_url.rsplit_once('/').expect("URL with a database");
-        let store = Store::connect(&format!("{base}/{name}"))
-            .await
-            .expect("connect");
-        let drop_db = async move || {
-            sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
-                .execute(&mut admin)
-                .await
-                .expect("drop database");
-        };
-        Some((store, drop_db))
     }
 
     macro_rules! on_both {
@@ -943,7 +1098,7 @@ mod tests {
 
             #[tokio::test]
             async fn $postgres() {
-                if let Some((store, drop_db)) = postgres_store().await {
+                if let Some((store, drop_db)) = crate::store::test_postgres_store("batch").await {
                     $case(store).await;
                     drop_db().await;
                 }
@@ -968,5 +1123,11 @@ mod tests {
         a_load_after_a_lock_wait_sees_the_holders_commit =>
             a_load_after_a_lock_wait_sees_the_holders_commit_on_sqlite,
             a_load_after_a_lock_wait_sees_the_holders_commit_on_postgres;
+        a_release_grants_the_standing_head_in_its_batch =>
+            a_release_grants_the_standing_head_in_its_batch_on_sqlite,
+            a_release_grants_the_standing_head_in_its_batch_on_postgres;
+        a_batch_on_the_slow_path_leaves_the_waiter_to_try =>
+            a_batch_on_the_slow_path_leaves_the_waiter_to_try_on_sqlite,
+            a_batch_on_the_slow_path_leaves_the_waiter_to_try_on_postgres;
     }
 }

@@ -328,6 +328,45 @@ impl Store {
     }
 }
 
+/// A store on a fresh PostgreSQL database, and how to drop it; `None`
+/// when PostgreSQL is not configured outside CI.
+#[cfg(test)]
+pub(crate) async fn test_postgres_store(tag: &str) -> Option<(Store, impl AsyncFnOnce())> {
+    use sqlx::Connection;
+    let Ok(admin_url) = std::env::var("PALISADE_TEST_POSTGRES_URL") else {
+        let in_ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false");
+        assert!(
+            !in_ci,
+            "PALISADE_TEST_POSTGRES_URL is not set in CI: the test must run"
+        );
+        eprintln!("SKIPPED: PostgreSQL test (set PALISADE_TEST_POSTGRES_URL to run it)");
+        return None;
+    };
+    // `palisade_t_…`: .ci/run drops what an interrupted run leaves.
+    let name = format!(
+        "palisade_t_{tag}_{}",
+        hex::encode(rand::random::<[u8; 6]>())
+    );
+    let mut admin = sqlx::PgConnection::connect(&admin_url)
+        .await
+        .expect("admin");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut admin)
+        .await
+        .expect("create database");
+    let (base, _) = admin_url.rsplit_once('/').expect("URL with a database");
+    let store = Store::connect(&format!("{base}/{name}"))
+        .await
+        .expect("connect");
+    let drop_db = async move || {
+        sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
+            .execute(&mut admin)
+            .await
+            .expect("drop database");
+    };
+    Some((store, drop_db))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
