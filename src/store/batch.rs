@@ -31,7 +31,7 @@ use tokio::sync::{Mutex, Semaphore, mpsc, oneshot};
 use super::ops;
 use super::staged::{BatchTx, Plan, StagedTx};
 use super::types::*;
-use super::{Backend, ResourceTx, Store, StoreError, StoreResult};
+use super::{ResourceTx, Store, StoreError, StoreResult, Writes};
 use crate::domain::{Lease, LeaseId, Reason, ResourceName, Token, Ttl};
 use crate::waiters::{StandingAcquire, Waiters};
 
@@ -120,8 +120,10 @@ impl GroupCommit {
                 waiters: waiters.clone(),
             };
             match store {
-                Store::Sqlite(b) => tokio::spawn(writer.run(b.clone())),
-                Store::Postgres(b) => tokio::spawn(writer.run(b.clone())),
+                Store::Sqlite(b) => writer.start_sqlite(b),
+                Store::Postgres(b) => {
+                    tokio::spawn(writer.run(b.clone()));
+                }
             };
         }
         Self { queue }
@@ -244,6 +246,7 @@ fn mismatched() -> StoreError {
 }
 
 /// One writer task's share of the batcher.
+#[derive(Clone)]
 struct Writer {
     receiver: Arc<Mutex<mpsc::Receiver<Pending>>>,
     /// One permit: the batch that holds it locks, loads and runs.
@@ -253,7 +256,31 @@ struct Writer {
 }
 
 impl Writer {
-    async fn run<B: Backend>(self, backend: B) {
+    /// SQLite's one writer: on a thread of its own with its own connection
+    /// (see [`super::sqlite_writer`]), or, for an in-memory database or
+    /// when that cannot start, as a task on sqlx's writer connection.
+    fn start_sqlite(self, backend: &super::sqlite::SqliteBackend) {
+        let fallback = self.clone();
+        let started = match backend.direct_writer() {
+            Some(Ok(direct)) => std::thread::Builder::new()
+                .name("sqlite-writer".into())
+                .spawn(
+                    move || match tokio::runtime::Builder::new_current_thread().build() {
+                        Ok(runtime) => runtime.block_on(self.run(direct)),
+                        Err(err) => tracing::error!(error = %err, "SQLite writer cannot run"),
+                    },
+                )
+                .map_err(|err| err.to_string()),
+            Some(Err(err)) => Err(err.to_string()),
+            None => Err("an in-memory database has no second connection".into()),
+        };
+        if let Err(why) = started {
+            tracing::warn!(%why, "SQLite group commit writes through sqlx");
+            tokio::spawn(fallback.run(backend.clone()));
+        }
+    }
+
+    async fn run<B: Writes>(self, backend: B) {
         let Self {
             receiver,
             gate,
@@ -294,7 +321,7 @@ impl Writer {
 
 /// Runs one batch in one transaction and answers every request in it: on
 /// the staged fast path when it can, else request by request.
-async fn run_batch<B: Backend, G: Send>(
+async fn run_batch<B: Writes, G: Send>(
     backend: &B,
     tx: StoreResult<B::Tx>,
     batch: Vec<Pending>,
@@ -368,7 +395,7 @@ struct Handoff {
 ///
 /// `tx` is the transaction opened for it (or why it could not be); `gate`
 /// is dropped once the batch has run in memory, before its writes are sent.
-async fn run_staged<B: Backend, G: Send>(
+async fn run_staged<B: Writes, G: Send>(
     tx: StoreResult<B::Tx>,
     batch: &[Pending],
     gate: G,
@@ -499,7 +526,7 @@ fn plan_request(plan: &mut Plan, request: &WriteRequest) {
 
 /// The slow path: each request in its own savepoint of one transaction,
 /// row locks taken in resource-name order.
-async fn run_one_by_one<B: Backend>(backend: &B, batch: Vec<Pending>) {
+async fn run_one_by_one<B: Writes>(backend: &B, batch: Vec<Pending>) {
     let mut tx = match backend.begin_write().await {
         Ok(tx) => tx,
         Err(err) => return fail_all(batch, &err),
@@ -615,6 +642,7 @@ mod tests {
     use crate::store::EventFilter;
     use crate::store::postgres::PgBackend;
     use crate::store::sqlite::SqliteBackend;
+    use crate::store::sqlite_writer::DirectWriter;
 
     fn acquire(resource: &str) -> AcquireRequest {
         AcquireRequest {
@@ -737,6 +765,18 @@ mod tests {
     /// staged fast path itself (a read outside what it loaded would send the
     /// batch to the slow path, silently slower).
     async fn every_request_kind_runs_on_the_fast_path(store: Store) {
+        every_request_kind_on_the_fast_path(store, Via::Writer).await;
+    }
+
+    /// The same through sqlx's own SQLite transaction: group commit's
+    /// writer when the database is in memory.
+    #[tokio::test]
+    async fn every_request_kind_runs_on_the_fast_path_through_sqlx() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        every_request_kind_on_the_fast_path(sqlite_store(&dir).await, Via::Sqlx).await;
+    }
+
+    async fn every_request_kind_on_the_fast_path(store: Store, via: Via) {
         let held = granted(store.acquire(&acquire("held")).await.expect("acquire"));
         let renewed = granted(store.acquire(&acquire("renewed")).await.expect("acquire"));
         let mut short = acquire("lapsed");
@@ -779,7 +819,7 @@ mod tests {
             batch.push(p);
             answers.push(a);
         }
-        let results = match staged_on(&store, &batch, &Waiters::default()).await {
+        let results = match staged_via(&store, &batch, &Waiters::default(), via).await {
             Staged::Committed(results, _) => results,
             Staged::Retry(why) => panic!("fell back to the slow path: {why}"),
             Staged::Unavailable(err) | Staged::CommitFailed(err, _) => panic!("failed: {err}"),
@@ -924,7 +964,7 @@ mod tests {
         let name = ResourceName::parse("contended").expect("name");
         let first = granted(store.acquire(&acquire("contended")).await.expect("acquire"));
         store.release(&first.lease_id).await.expect("release");
-        async fn race<B: Backend + Clone + 'static>(b: &B, name: &ResourceName) -> Vec<Lease> {
+        async fn race<B: Writes + Clone + 'static>(b: &B, name: &ResourceName) -> Vec<Lease> {
             let mut holder = b.begin_write().await.expect("begin");
             let won = ops::acquire_in(&mut holder, &acquire(name.as_str()))
                 .await
@@ -1059,15 +1099,34 @@ mod tests {
 
     /// Runs `batch` on the fast path alone, handing ended leases to
     /// `waiters`, and returns what it did (answering nobody).
-    async fn staged_on(store: &Store, batch: &[Pending], waiters: &Waiters) -> Staged {
-        match store {
-            Store::Sqlite(b) => {
+    async fn staged_via(store: &Store, batch: &[Pending], waiters: &Waiters, via: Via) -> Staged {
+        match (store, via) {
+            (Store::Sqlite(b), Via::Writer) => {
+                let direct = sqlite_writer(b);
+                run_staged::<DirectWriter, _>(direct.begin_write().await, batch, (), waiters).await
+            }
+            (Store::Sqlite(b), Via::Sqlx) => {
                 run_staged::<SqliteBackend, _>(b.begin_write().await, batch, (), waiters).await
             }
-            Store::Postgres(b) => {
+            (Store::Postgres(b), _) => {
                 run_staged::<PgBackend, _>(b.begin_write().await, batch, (), waiters).await
             }
         }
+    }
+
+    /// Which SQLite connection a test batch writes through.
+    #[derive(Clone, Copy)]
+    enum Via {
+        /// The in-process writer group commit uses for a database file.
+        Writer,
+        /// sqlx's writer connection.
+        Sqlx,
+    }
+
+    fn sqlite_writer(b: &SqliteBackend) -> DirectWriter {
+        b.direct_writer()
+            .expect("a database file")
+            .expect("writer opens")
     }
 
     /// Runs a hand-built batch on `store`'s backend.
@@ -1078,7 +1137,11 @@ mod tests {
     /// Runs `batch` as one batch, handing ended leases to `waiters`.
     async fn run_with(store: &Store, batch: Vec<Pending>, waiters: &Waiters) {
         match store {
-            Store::Sqlite(b) => run_batch(b, b.begin_write().await, batch, (), waiters).await,
+            Store::Sqlite(b) => {
+                let direct = sqlite_writer(b);
+                let tx = direct.begin_write().await;
+                run_batch(&direct, tx, batch, (), waiters).await;
+            }
             Store::Postgres(b) => run_batch(b, b.begin_write().await, batch, (), waiters).await,
         }
     }

@@ -10,6 +10,7 @@ mod ops;
 pub mod postgres;
 mod rows;
 pub mod sqlite;
+mod sqlite_writer;
 mod staged;
 mod types;
 pub mod ui;
@@ -47,7 +48,7 @@ pub enum StoreError {
     #[error("corrupt row: {0}")]
     Corrupt(String),
     #[error(transparent)]
-    Other(sqlx::Error),
+    Other(Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -60,13 +61,14 @@ impl From<sqlx::Error> for StoreError {
             E::Protocol(_) => StoreError::Unavailable(err.to_string()),
             E::Database(db) => {
                 let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-                classify_database_error(&code, err.to_string()).unwrap_or(StoreError::Other(err))
+                classify_database_error(&code, err.to_string())
+                    .unwrap_or_else(|| StoreError::Other(Box::new(err)))
             }
             E::ColumnDecode { .. }
             | E::Decode(_)
             | E::ColumnNotFound(_)
             | E::TypeNotFound { .. } => StoreError::Corrupt(err.to_string()),
-            _ => StoreError::Other(err),
+            _ => StoreError::Other(Box::new(err)),
         }
     }
 }
@@ -170,12 +172,16 @@ pub trait ResourceTx: Send {
     fn rollback_to_savepoint(&mut self) -> impl Future<Output = StoreResult<()>> + Send;
 }
 
-/// One database engine.
-pub trait Backend: Send + Sync {
+/// Write transactions: all that group commit's writers need.
+pub trait Writes: Send + Sync {
     type Tx: staged::BatchTx;
     fn begin_write(&self) -> impl Future<Output = StoreResult<Self::Tx>> + Send;
-    fn begin_read(&self) -> impl Future<Output = StoreResult<Self::Tx>> + Send;
     fn commit(tx: Self::Tx) -> impl Future<Output = StoreResult<()>> + Send;
+}
+
+/// One database engine.
+pub trait Backend: Writes {
+    fn begin_read(&self) -> impl Future<Output = StoreResult<Self::Tx>> + Send;
     fn list_events(
         &self,
         filter: &EventFilter,

@@ -22,7 +22,7 @@ use super::staged::{BatchTx, Changes};
 use super::types::{
     Event, EventCursor, EventFilter, NewEvent, PruneBatch, ResourceRow, StoredValue,
 };
-use super::{Backend, ResourceTx, StoreError, StoreResult};
+use super::{Backend, ResourceTx, StoreError, StoreResult, Writes};
 use crate::domain::{Lease, LeaseId, ResourceName, Token};
 
 /// The NOTIFY channel on which lease endings are announced. The payload is
@@ -114,7 +114,7 @@ impl PgTx {
     }
 }
 
-impl Backend for PgBackend {
+impl Writes for PgBackend {
     type Tx = PgTx;
 
     async fn begin_write(&self) -> StoreResult<PgTx> {
@@ -132,6 +132,12 @@ impl Backend for PgBackend {
         Ok(PgTx(tx, self.instance.clone()))
     }
 
+    async fn commit(tx: PgTx) -> StoreResult<()> {
+        Ok(tx.0.commit().await?)
+    }
+}
+
+impl Backend for PgBackend {
     async fn begin_read(&self) -> StoreResult<PgTx> {
         Ok(PgTx(
             self.pool
@@ -139,10 +145,6 @@ impl Backend for PgBackend {
                 .await?,
             self.instance.clone(),
         ))
-    }
-
-    async fn commit(tx: PgTx) -> StoreResult<()> {
-        Ok(tx.0.commit().await?)
     }
 
     async fn list_events(&self, filter: &EventFilter) -> StoreResult<Vec<Event>> {

@@ -6,6 +6,7 @@
 //! connections serves reads concurrently thanks to WAL. `synchronous=FULL`
 //! makes every acknowledged commit durable.
 
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -17,20 +18,154 @@ use super::rows::{
     ClockedLeaseRow, EventRow, LeaseRow, NamedValueRow, ResourceDbRow, ValueRow, into_lease,
     unix_ms,
 };
+use super::sqlite_writer::DirectWriter;
 use super::staged::{BatchTx, Changes};
 use super::types::{
     Event, EventCursor, EventFilter, NewEvent, PruneBatch, ResourceRow, StoredValue,
 };
-use super::{Backend, ResourceTx, StoreError, StoreResult};
+use super::{Backend, ResourceTx, StoreError, StoreResult, Writes};
 use crate::domain::{Lease, LeaseId, ResourceName, Token};
 
-const LEASE_COLUMNS: &str = "lease_id, resource, token, holder, state, ttl_ms, acquired_at, expires_at, ended_at, request_id";
-const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+use sql::NOW_MS;
+
+/// The write path's statements, shared by the sqlx transaction here and the
+/// in-process group-commit writer ([`super::sqlite_writer`]).
+pub(super) mod sql {
+    macro_rules! lease_columns {
+        () => {
+            "lease_id, resource, token, holder, state, ttl_ms, acquired_at, expires_at, ended_at, request_id"
+        };
+    }
+    macro_rules! now_ms {
+        () => {
+            "CAST(unixepoch('subsec') * 1000 AS INTEGER)"
+        };
+    }
+    macro_rules! resource_columns {
+        () => {
+            "SELECT name, last_token, accepted_token, created_at, last_activity_at FROM resources"
+        };
+    }
+
+    pub const NOW_MS: &str = now_ms!();
+    pub const NOW: &str = concat!("SELECT ", now_ms!());
+    pub const ENSURE_RESOURCE: &str = concat!(
+        "INSERT INTO resources (name, created_at, last_activity_at) VALUES (?, ",
+        now_ms!(),
+        ", ",
+        now_ms!(),
+        ") ON CONFLICT (name) DO NOTHING"
+    );
+    pub const RESOURCE: &str = concat!(resource_columns!(), " WHERE name = ?");
+    pub const SAVE_RESOURCE: &str = "UPDATE resources SET last_token = ?, accepted_token = ?, \
+        last_activity_at = ? WHERE name = ?";
+    pub const ACTIVE_LEASE: &str = concat!(
+        "SELECT ",
+        lease_columns!(),
+        " FROM leases WHERE resource = ? AND state = 'active'"
+    );
+    pub const LEASE_BY_ID: &str = concat!(
+        "SELECT ",
+        lease_columns!(),
+        " FROM leases WHERE lease_id = ?"
+    );
+    pub const LEASE_BY_TOKEN: &str = concat!(
+        "SELECT ",
+        lease_columns!(),
+        " FROM leases WHERE resource = ? AND token = ?"
+    );
+    pub const INSERT_LEASE: &str = concat!(
+        "INSERT INTO leases (",
+        lease_columns!(),
+        ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    );
+    pub const UPDATE_LEASE: &str =
+        "UPDATE leases SET state = ?, ttl_ms = ?, expires_at = ?, ended_at = ? WHERE lease_id = ?";
+    pub const UPSERT_VALUE: &str = "INSERT INTO fenced_values \
+        (resource, value, token, version, updated_at) VALUES (?, ?, ?, 1, ?) \
+        ON CONFLICT (resource) DO UPDATE SET value = excluded.value, token = excluded.token, \
+        version = fenced_values.version + 1, updated_at = excluded.updated_at RETURNING version";
+    pub const VALUE: &str =
+        "SELECT value, token, version, updated_at FROM fenced_values WHERE resource = ?";
+    pub const INSERT_EVENT: &str = "INSERT INTO events (at, kind, resource, token, holder, detail) \
+        VALUES (?, ?, ?, ?, ?, ?)";
+    pub const SAVEPOINT: &str = "SAVEPOINT batch_request";
+    pub const RELEASE_SAVEPOINT: &str = "RELEASE SAVEPOINT batch_request";
+    pub const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT batch_request";
+
+    // Batches: each statement takes its rows as one JSON array parameter
+    // (`json_each`), so its text never changes with the batch's size.
+
+    /// `WHERE true`: SQLite's grammar needs it before an upsert's
+    /// ON CONFLICT when the rows come from a SELECT.
+    pub const CREATE_RESOURCES: &str = concat!(
+        "INSERT INTO resources (name, created_at, last_activity_at) SELECT value, ",
+        now_ms!(),
+        ", ",
+        now_ms!(),
+        " FROM json_each(?1) WHERE true ON CONFLICT (name) DO NOTHING RETURNING name"
+    );
+    /// A union of two index lookups (an `OR` with a subquery would scan the
+    /// whole table).
+    pub const LOCK_RESOURCES: &str = concat!(
+        resource_columns!(),
+        " WHERE name IN (SELECT value FROM json_each(?1)) UNION ",
+        resource_columns!(),
+        " WHERE name IN (SELECT resource FROM leases \
+           WHERE lease_id IN (SELECT value FROM json_each(?2))) ORDER BY name"
+    );
+    /// One row even when no lease matches, to carry the clock.
+    pub const LOAD_LEASES: &str = concat!(
+        "SELECT clock.now, l.* FROM (SELECT ",
+        now_ms!(),
+        " AS now) AS clock LEFT JOIN ( SELECT ",
+        lease_columns!(),
+        " FROM leases WHERE state = 'active' AND resource IN (SELECT value FROM json_each(?1)) \
+         UNION SELECT ",
+        lease_columns!(),
+        " FROM leases WHERE lease_id IN (SELECT value FROM json_each(?2)) UNION SELECT ",
+        lease_columns!(),
+        " FROM leases WHERE (resource, token) IN (SELECT value ->> 0, value ->> 1 \
+           FROM json_each(?3)) ) AS l ON 1"
+    );
+    pub const LOAD_VALUES: &str = "SELECT resource, value, token, version, updated_at \
+        FROM fenced_values WHERE resource IN (SELECT value FROM json_each(?1))";
+    pub const DELETE_RESOURCES: &str =
+        "DELETE FROM resources WHERE name IN (SELECT value FROM json_each(?1))";
+    pub const FLUSH_RESOURCES: &str = "UPDATE resources SET last_token = u.value ->> 1, \
+        accepted_token = u.value ->> 2, last_activity_at = u.value ->> 3 \
+        FROM json_each(?1) AS u WHERE resources.name = u.value ->> 0";
+    pub const FLUSH_UPDATED_LEASES: &str = "UPDATE leases SET state = u.value ->> 1, \
+        ttl_ms = u.value ->> 2, expires_at = u.value ->> 3, ended_at = u.value ->> 4 \
+        FROM json_each(?1) AS u WHERE leases.lease_id = u.value ->> 0";
+    pub const FLUSH_NEW_LEASES: &str = concat!(
+        "INSERT INTO leases (",
+        lease_columns!(),
+        ") SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
+           value ->> 5, value ->> 6, value ->> 7, value ->> 8, value ->> 9 \
+         FROM json_each(?1) ORDER BY key"
+    );
+    pub const FLUSH_VALUES: &str = "INSERT INTO fenced_values \
+        (resource, value, token, version, updated_at) \
+        SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4 \
+        FROM json_each(?1) WHERE true \
+        ON CONFLICT (resource) DO UPDATE SET value = excluded.value, \
+        token = excluded.token, version = excluded.version, updated_at = excluded.updated_at";
+    /// Row ids are handed out in array order: the batch's events keep the
+    /// order they happened in. Each detail travels as the JSON text it is
+    /// stored as, inside a JSON string.
+    pub const FLUSH_EVENTS: &str = "INSERT INTO events (at, kind, resource, token, holder, detail) \
+        SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, value ->> 5 \
+        FROM json_each(?1) ORDER BY key";
+}
 
 #[derive(Clone)]
 pub struct SqliteBackend {
     writer: SqlitePool,
     readers: SqlitePool,
+    /// The database file (`None` in memory: only this process's sqlx
+    /// connections can reach it).
+    path: Option<PathBuf>,
 }
 
 impl SqliteBackend {
@@ -55,12 +190,24 @@ impl SqliteBackend {
             .run(&writer)
             .await
             .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))?;
+        let path = options.get_filename();
+        let path = (path != Path::new(":memory:")).then(|| path.to_owned());
         let readers = SqlitePoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options.read_only(true))
             .await?;
-        Ok(Self { writer, readers })
+        Ok(Self {
+            writer,
+            readers,
+            path,
+        })
+    }
+
+    /// An in-process writer connection for group commit (see
+    /// [`super::sqlite_writer`]); `None` for an in-memory database.
+    pub(super) fn direct_writer(&self) -> Option<StoreResult<DirectWriter>> {
+        self.path.as_deref().map(DirectWriter::open)
     }
 
     /// The read-only pool, for queries outside a transaction.
@@ -71,19 +218,21 @@ impl SqliteBackend {
 
 pub struct SqliteTx(Transaction<'static, Sqlite>);
 
-impl Backend for SqliteBackend {
+impl Writes for SqliteBackend {
     type Tx = SqliteTx;
 
     async fn begin_write(&self) -> StoreResult<SqliteTx> {
         Ok(SqliteTx(self.writer.begin_with("BEGIN IMMEDIATE").await?))
     }
 
-    async fn begin_read(&self) -> StoreResult<SqliteTx> {
-        Ok(SqliteTx(self.readers.begin().await?))
-    }
-
     async fn commit(tx: SqliteTx) -> StoreResult<()> {
         Ok(tx.0.commit().await?)
+    }
+}
+
+impl Backend for SqliteBackend {
+    async fn begin_read(&self) -> StoreResult<SqliteTx> {
+        Ok(SqliteTx(self.readers.begin().await?))
     }
 
     async fn list_events(&self, filter: &EventFilter) -> StoreResult<Vec<Event>> {
@@ -185,18 +334,12 @@ impl Backend for SqliteBackend {
 
 impl ResourceTx for SqliteTx {
     async fn now(&mut self) -> StoreResult<DateTime<Utc>> {
-        let ms: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
-            .fetch_one(&mut *self.0)
-            .await?;
+        let ms: i64 = sqlx::query_scalar(sql::NOW).fetch_one(&mut *self.0).await?;
         super::rows::DbTime::to_utc(ms)
     }
 
     async fn ensure_resource(&mut self, name: &ResourceName) -> StoreResult<()> {
-        let sql = format!(
-            "INSERT INTO resources (name, created_at, last_activity_at) VALUES (?, {NOW_MS}, {NOW_MS}) \
-             ON CONFLICT (name) DO NOTHING"
-        );
-        sqlx::query(&sql)
+        sqlx::query(sql::ENSURE_RESOURCE)
             .bind(name.as_str())
             .execute(&mut *self.0)
             .await?;
@@ -209,33 +352,26 @@ impl ResourceTx for SqliteTx {
         _for_update: bool,
     ) -> StoreResult<Option<ResourceRow>> {
         // BEGIN IMMEDIATE already holds the database write lock.
-        let row: Option<ResourceDbRow<i64>> = sqlx::query_as(
-            "SELECT name, last_token, accepted_token, created_at, last_activity_at \
-             FROM resources WHERE name = ?",
-        )
-        .bind(name.as_str())
-        .fetch_optional(&mut *self.0)
-        .await?;
+        let row: Option<ResourceDbRow<i64>> = sqlx::query_as(sql::RESOURCE)
+            .bind(name.as_str())
+            .fetch_optional(&mut *self.0)
+            .await?;
         row.map(ResourceDbRow::into_row).transpose()
     }
 
     async fn save_resource(&mut self, row: &ResourceRow) -> StoreResult<()> {
-        sqlx::query(
-            "UPDATE resources SET last_token = ?, accepted_token = ?, last_activity_at = ? WHERE name = ?",
-        )
-        .bind(row.last_token)
-        .bind(row.accepted_token)
-        .bind(unix_ms(row.last_activity_at))
-        .bind(row.name.as_str())
-        .execute(&mut *self.0)
-        .await?;
+        sqlx::query(sql::SAVE_RESOURCE)
+            .bind(row.last_token)
+            .bind(row.accepted_token)
+            .bind(unix_ms(row.last_activity_at))
+            .bind(row.name.as_str())
+            .execute(&mut *self.0)
+            .await?;
         Ok(())
     }
 
     async fn active_lease(&mut self, name: &ResourceName) -> StoreResult<Option<Lease>> {
-        let sql =
-            format!("SELECT {LEASE_COLUMNS} FROM leases WHERE resource = ? AND state = 'active'");
-        let row: Option<LeaseRow<i64>> = sqlx::query_as(&sql)
+        let row: Option<LeaseRow<i64>> = sqlx::query_as(sql::ACTIVE_LEASE)
             .bind(name.as_str())
             .fetch_optional(&mut *self.0)
             .await?;
@@ -243,8 +379,7 @@ impl ResourceTx for SqliteTx {
     }
 
     async fn lease_by_id(&mut self, id: &LeaseId) -> StoreResult<Option<Lease>> {
-        let sql = format!("SELECT {LEASE_COLUMNS} FROM leases WHERE lease_id = ?");
-        let row: Option<LeaseRow<i64>> = sqlx::query_as(&sql)
+        let row: Option<LeaseRow<i64>> = sqlx::query_as(sql::LEASE_BY_ID)
             .bind(id.as_str())
             .fetch_optional(&mut *self.0)
             .await?;
@@ -256,8 +391,7 @@ impl ResourceTx for SqliteTx {
         name: &ResourceName,
         token: Token,
     ) -> StoreResult<Option<Lease>> {
-        let sql = format!("SELECT {LEASE_COLUMNS} FROM leases WHERE resource = ? AND token = ?");
-        let row: Option<LeaseRow<i64>> = sqlx::query_as(&sql)
+        let row: Option<LeaseRow<i64>> = sqlx::query_as(sql::LEASE_BY_TOKEN)
             .bind(name.as_str())
             .bind(token.get())
             .fetch_optional(&mut *self.0)
@@ -266,9 +400,7 @@ impl ResourceTx for SqliteTx {
     }
 
     async fn insert_lease(&mut self, l: &Lease) -> StoreResult<()> {
-        let sql =
-            format!("INSERT INTO leases ({LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-        sqlx::query(&sql)
+        sqlx::query(sql::INSERT_LEASE)
             .bind(l.lease_id.as_str())
             .bind(l.resource.as_str())
             .bind(l.token.get())
@@ -285,7 +417,7 @@ impl ResourceTx for SqliteTx {
     }
 
     async fn update_lease(&mut self, l: &Lease) -> StoreResult<()> {
-        sqlx::query("UPDATE leases SET state = ?, ttl_ms = ?, expires_at = ?, ended_at = ? WHERE lease_id = ?")
+        sqlx::query(sql::UPDATE_LEASE)
             .bind(l.state.as_str())
             .bind(l.ttl_ms)
             .bind(unix_ms(l.expires_at))
@@ -303,33 +435,26 @@ impl ResourceTx for SqliteTx {
         token: Token,
         now: DateTime<Utc>,
     ) -> StoreResult<i64> {
-        let version: i64 = sqlx::query_scalar(
-            "INSERT INTO fenced_values (resource, value, token, version, updated_at) VALUES (?, ?, ?, 1, ?) \
-             ON CONFLICT (resource) DO UPDATE SET value = excluded.value, token = excluded.token, \
-             version = fenced_values.version + 1, updated_at = excluded.updated_at \
-             RETURNING version",
-        )
-        .bind(name.as_str())
-        .bind(json)
-        .bind(token.get())
-        .bind(unix_ms(now))
-        .fetch_one(&mut *self.0)
-        .await?;
+        let version: i64 = sqlx::query_scalar(sql::UPSERT_VALUE)
+            .bind(name.as_str())
+            .bind(json)
+            .bind(token.get())
+            .bind(unix_ms(now))
+            .fetch_one(&mut *self.0)
+            .await?;
         Ok(version)
     }
 
     async fn value(&mut self, name: &ResourceName) -> StoreResult<Option<StoredValue>> {
-        let row: Option<ValueRow<i64>> = sqlx::query_as(
-            "SELECT value, token, version, updated_at FROM fenced_values WHERE resource = ?",
-        )
-        .bind(name.as_str())
-        .fetch_optional(&mut *self.0)
-        .await?;
+        let row: Option<ValueRow<i64>> = sqlx::query_as(sql::VALUE)
+            .bind(name.as_str())
+            .fetch_optional(&mut *self.0)
+            .await?;
         row.map(ValueRow::into_value).transpose()
     }
 
     async fn insert_event(&mut self, e: &NewEvent) -> StoreResult<()> {
-        sqlx::query("INSERT INTO events (at, kind, resource, token, holder, detail) VALUES (?, ?, ?, ?, ?, ?)")
+        sqlx::query(sql::INSERT_EVENT)
             .bind(unix_ms(e.at))
             .bind(e.kind.as_str())
             .bind(e.resource.as_str())
@@ -348,21 +473,19 @@ impl ResourceTx for SqliteTx {
     }
 
     async fn savepoint(&mut self) -> StoreResult<()> {
-        sqlx::query("SAVEPOINT batch_request")
-            .execute(&mut *self.0)
-            .await?;
+        sqlx::query(sql::SAVEPOINT).execute(&mut *self.0).await?;
         Ok(())
     }
 
     async fn release_savepoint(&mut self) -> StoreResult<()> {
-        sqlx::query("RELEASE SAVEPOINT batch_request")
+        sqlx::query(sql::RELEASE_SAVEPOINT)
             .execute(&mut *self.0)
             .await?;
         Ok(())
     }
 
     async fn rollback_to_savepoint(&mut self) -> StoreResult<()> {
-        sqlx::query("ROLLBACK TO SAVEPOINT batch_request")
+        sqlx::query(sql::ROLLBACK_TO_SAVEPOINT)
             .execute(&mut *self.0)
             .await?;
         Ok(())
@@ -386,36 +509,17 @@ impl BatchTx for SqliteTx {
         // BEGIN IMMEDIATE already holds the database write lock.
         let mut created = Vec::new();
         if !create.is_empty() {
-            // `WHERE true`: SQLite's grammar needs it before an upsert's
-            // ON CONFLICT when the rows come from a SELECT.
-            let inserted: Vec<String> = sqlx::query_scalar(&format!(
-                "INSERT INTO resources (name, created_at, last_activity_at) \
-                 SELECT value, {NOW_MS}, {NOW_MS} FROM json_each(?1) WHERE true \
-                 ON CONFLICT (name) DO NOTHING RETURNING name"
-            ))
-            .bind(json_rows(create.iter().map(ResourceName::as_str))?)
+            let inserted: Vec<String> = sqlx::query_scalar(sql::CREATE_RESOURCES)
+                .bind(names_param(create)?)
+                .fetch_all(&mut *self.0)
+                .await?;
+            created = parse_names(inserted)?;
+        }
+        let rows: Vec<ResourceDbRow<i64>> = sqlx::query_as(sql::LOCK_RESOURCES)
+            .bind(names_param(lock)?)
+            .bind(ids_param(lease_ids)?)
             .fetch_all(&mut *self.0)
             .await?;
-            for name in inserted {
-                created.push(
-                    ResourceName::parse(name).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-                );
-            }
-        }
-        // A union of two index lookups (an `OR` with a subquery would scan
-        // the whole table).
-        const COLUMNS: &str =
-            "SELECT name, last_token, accepted_token, created_at, last_activity_at FROM resources";
-        let rows: Vec<ResourceDbRow<i64>> = sqlx::query_as(&format!(
-            "{COLUMNS} WHERE name IN (SELECT value FROM json_each(?1)) \
-             UNION {COLUMNS} WHERE name IN (SELECT resource FROM leases \
-               WHERE lease_id IN (SELECT value FROM json_each(?2))) \
-             ORDER BY name"
-        ))
-        .bind(json_rows(lock.iter().map(ResourceName::as_str))?)
-        .bind(json_rows(lease_ids.iter().map(LeaseId::as_str))?)
-        .fetch_all(&mut *self.0)
-        .await?;
         let rows = rows
             .into_iter()
             .map(ResourceDbRow::into_row)
@@ -429,26 +533,12 @@ impl BatchTx for SqliteTx {
         ids: &[LeaseId],
         tokens: &[(ResourceName, Token)],
     ) -> StoreResult<(DateTime<Utc>, Vec<Lease>)> {
-        // One row even when no lease matches, to carry the clock.
-        let rows: Vec<ClockedLeaseRow<i64>> = sqlx::query_as(&format!(
-            "SELECT clock.now, l.* FROM (SELECT {NOW_MS} AS now) AS clock LEFT JOIN ( \
-               SELECT {LEASE_COLUMNS} FROM leases WHERE state = 'active' \
-                 AND resource IN (SELECT value FROM json_each(?1)) \
-               UNION SELECT {LEASE_COLUMNS} FROM leases \
-                 WHERE lease_id IN (SELECT value FROM json_each(?2)) \
-               UNION SELECT {LEASE_COLUMNS} FROM leases \
-                 WHERE (resource, token) IN (SELECT value ->> 0, value ->> 1 FROM json_each(?3)) \
-             ) AS l ON 1"
-        ))
-        .bind(json_rows(resources.iter().map(ResourceName::as_str))?)
-        .bind(json_rows(ids.iter().map(LeaseId::as_str))?)
-        .bind(json_rows(
-            tokens
-                .iter()
-                .map(|(name, token)| (name.as_str(), token.get())),
-        )?)
-        .fetch_all(&mut *self.0)
-        .await?;
+        let rows: Vec<ClockedLeaseRow<i64>> = sqlx::query_as(sql::LOAD_LEASES)
+            .bind(names_param(resources)?)
+            .bind(ids_param(ids)?)
+            .bind(tokens_param(tokens)?)
+            .fetch_all(&mut *self.0)
+            .await?;
         ClockedLeaseRow::split(rows)
     }
 
@@ -456,146 +546,159 @@ impl BatchTx for SqliteTx {
         &mut self,
         names: &[ResourceName],
     ) -> StoreResult<Vec<(ResourceName, StoredValue)>> {
-        let rows: Vec<NamedValueRow<i64>> = sqlx::query_as(
-            "SELECT resource, value, token, version, updated_at FROM fenced_values \
-             WHERE resource IN (SELECT value FROM json_each(?1))",
-        )
-        .bind(json_rows(names.iter().map(ResourceName::as_str))?)
-        .fetch_all(&mut *self.0)
-        .await?;
+        let rows: Vec<NamedValueRow<i64>> = sqlx::query_as(sql::LOAD_VALUES)
+            .bind(names_param(names)?)
+            .fetch_all(&mut *self.0)
+            .await?;
         rows.into_iter()
             .map(NamedValueRow::into_named_value)
             .collect()
     }
 
     async fn delete_resources(&mut self, names: &[ResourceName]) -> StoreResult<()> {
-        sqlx::query("DELETE FROM resources WHERE name IN (SELECT value FROM json_each(?1))")
-            .bind(json_rows(names.iter().map(ResourceName::as_str))?)
+        sqlx::query(sql::DELETE_RESOURCES)
+            .bind(names_param(names)?)
             .execute(&mut *self.0)
             .await?;
         Ok(())
     }
 
     async fn flush(&mut self, changes: &Changes) -> StoreResult<()> {
-        if !changes.resources.is_empty() {
-            sqlx::query(
-                "UPDATE resources SET last_token = u.value ->> 1, accepted_token = u.value ->> 2, \
-                 last_activity_at = u.value ->> 3 \
-                 FROM json_each(?1) AS u WHERE resources.name = u.value ->> 0",
-            )
-            .bind(json_rows(changes.resources.iter().map(|r| {
-                (
-                    r.name.as_str(),
-                    r.last_token,
-                    r.accepted_token,
-                    unix_ms(r.last_activity_at),
-                )
-            }))?)
-            .execute(&mut *self.0)
-            .await?;
-        }
-        // Endings before new leases: the one-active-lease index is checked
-        // row by row.
-        if !changes.updated_leases.is_empty() {
-            let updated = sqlx::query(
-                "UPDATE leases SET state = u.value ->> 1, ttl_ms = u.value ->> 2, \
-                 expires_at = u.value ->> 3, ended_at = u.value ->> 4 \
-                 FROM json_each(?1) AS u WHERE leases.lease_id = u.value ->> 0",
-            )
-            .bind(json_rows(changes.updated_leases.iter().map(|l| {
-                (
-                    l.lease_id.as_str(),
-                    l.state.as_str(),
-                    l.ttl_ms,
-                    unix_ms(l.expires_at),
-                    l.ended_at.map(unix_ms),
-                )
-            }))?)
-            .execute(&mut *self.0)
-            .await?
-            .rows_affected();
-            let expected = changes.updated_leases.len() as u64;
-            if updated != expected {
-                return Err(StoreError::Conflict(format!(
-                    "updated {updated} of {expected} leases"
-                )));
-            }
-        }
-        if !changes.new_leases.is_empty() {
-            sqlx::query(&format!(
-                "INSERT INTO leases ({LEASE_COLUMNS}) \
-                 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
-                   value ->> 5, value ->> 6, value ->> 7, value ->> 8, value ->> 9 \
-                 FROM json_each(?1) ORDER BY key"
-            ))
-            .bind(json_rows(changes.new_leases.iter().map(|l| {
-                (
-                    l.lease_id.as_str(),
-                    l.resource.as_str(),
-                    l.token.get(),
-                    l.holder.as_str(),
-                    l.state.as_str(),
-                    l.ttl_ms,
-                    unix_ms(l.acquired_at),
-                    unix_ms(l.expires_at),
-                    l.ended_at.map(unix_ms),
-                    l.request_id.as_ref().map(|r| r.as_str()),
-                )
-            }))?)
-            .execute(&mut *self.0)
-            .await?;
-        }
-        if !changes.values.is_empty() {
-            sqlx::query(
-                "INSERT INTO fenced_values (resource, value, token, version, updated_at) \
-                 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4 \
-                 FROM json_each(?1) WHERE true \
-                 ON CONFLICT (resource) DO UPDATE SET value = excluded.value, \
-                 token = excluded.token, version = excluded.version, \
-                 updated_at = excluded.updated_at",
-            )
-            .bind(json_rows(changes.values.iter().map(|(name, v)| {
-                (
-                    name.as_str(),
-                    v.json.as_str(),
-                    v.token.get(),
-                    v.version,
-                    unix_ms(v.updated_at),
-                )
-            }))?)
-            .execute(&mut *self.0)
-            .await?;
-        }
-        if !changes.events.is_empty() {
-            // Row ids are handed out in array order: the batch's events keep
-            // the order they happened in.
-            // Each detail as the JSON text it is stored as, inside a JSON string.
-            sqlx::query(
-                "INSERT INTO events (at, kind, resource, token, holder, detail) \
-                 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
-                   value ->> 5 \
-                 FROM json_each(?1) ORDER BY key",
-            )
-            .bind(json_rows(changes.events.iter().map(|e| {
-                (
-                    unix_ms(e.at),
-                    e.kind.as_str(),
-                    e.resource.as_str(),
-                    e.token.map(Token::get),
-                    e.holder.as_ref().map(|h| h.as_str()),
-                    e.detail.to_string(),
-                )
-            }))?)
-            .execute(&mut *self.0)
-            .await?;
-        }
-        if !changes.unused.is_empty() {
-            self.delete_resources(&changes.unused).await?;
+        for step in flush_steps(changes)? {
+            let done = sqlx::query(step.sql)
+                .bind(step.rows.as_str())
+                .execute(&mut *self.0)
+                .await?;
+            step.check(done.rows_affected())?;
         }
         // One process owns an SQLite database; the service wakes its own
         // waiters after commit, so `changes.ended` needs no announcement.
         Ok(())
     }
+}
+
+/// One statement of a batch's flush and its rows, as one JSON parameter.
+pub(super) struct FlushStep {
+    pub sql: &'static str,
+    pub rows: String,
+    /// Rows the statement must change, when that is known.
+    expect: Option<u64>,
+}
+
+impl FlushStep {
+    /// Fails when the statement changed fewer rows than it had to (a lease
+    /// the batch updated in memory was gone from the table).
+    pub fn check(&self, changed: u64) -> StoreResult<()> {
+        match self.expect {
+            Some(expected) if expected != changed => Err(StoreError::Conflict(format!(
+                "updated {changed} of {expected} leases"
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The statements that write `changes`, in the order that matters: endings
+/// before new leases (the one-active-lease index is checked row by row),
+/// and unused resources deleted last.
+pub(super) fn flush_steps(changes: &Changes) -> StoreResult<Vec<FlushStep>> {
+    let mut steps = Vec::with_capacity(6);
+    let mut step = |sql, rows, expect| {
+        steps.push(FlushStep { sql, rows, expect });
+    };
+    if !changes.resources.is_empty() {
+        let rows = json_rows(changes.resources.iter().map(|r| {
+            (
+                r.name.as_str(),
+                r.last_token,
+                r.accepted_token,
+                unix_ms(r.last_activity_at),
+            )
+        }))?;
+        step(sql::FLUSH_RESOURCES, rows, None);
+    }
+    if !changes.updated_leases.is_empty() {
+        let rows = json_rows(changes.updated_leases.iter().map(|l| {
+            (
+                l.lease_id.as_str(),
+                l.state.as_str(),
+                l.ttl_ms,
+                unix_ms(l.expires_at),
+                l.ended_at.map(unix_ms),
+            )
+        }))?;
+        let expect = changes.updated_leases.len() as u64;
+        step(sql::FLUSH_UPDATED_LEASES, rows, Some(expect));
+    }
+    if !changes.new_leases.is_empty() {
+        let rows = json_rows(changes.new_leases.iter().map(|l| {
+            (
+                l.lease_id.as_str(),
+                l.resource.as_str(),
+                l.token.get(),
+                l.holder.as_str(),
+                l.state.as_str(),
+                l.ttl_ms,
+                unix_ms(l.acquired_at),
+                unix_ms(l.expires_at),
+                l.ended_at.map(unix_ms),
+                l.request_id.as_ref().map(|r| r.as_str()),
+            )
+        }))?;
+        step(sql::FLUSH_NEW_LEASES, rows, None);
+    }
+    if !changes.values.is_empty() {
+        let rows = json_rows(changes.values.iter().map(|(name, v)| {
+            (
+                name.as_str(),
+                v.json.as_str(),
+                v.token.get(),
+                v.version,
+                unix_ms(v.updated_at),
+            )
+        }))?;
+        step(sql::FLUSH_VALUES, rows, None);
+    }
+    if !changes.events.is_empty() {
+        let rows = json_rows(changes.events.iter().map(|e| {
+            (
+                unix_ms(e.at),
+                e.kind.as_str(),
+                e.resource.as_str(),
+                e.token.map(Token::get),
+                e.holder.as_ref().map(|h| h.as_str()),
+                e.detail.to_string(),
+            )
+        }))?;
+        step(sql::FLUSH_EVENTS, rows, None);
+    }
+    if !changes.unused.is_empty() {
+        step(sql::DELETE_RESOURCES, names_param(&changes.unused)?, None);
+    }
+    Ok(steps)
+}
+
+pub(super) fn names_param(names: &[ResourceName]) -> StoreResult<String> {
+    json_rows(names.iter().map(ResourceName::as_str))
+}
+
+pub(super) fn ids_param(ids: &[LeaseId]) -> StoreResult<String> {
+    json_rows(ids.iter().map(LeaseId::as_str))
+}
+
+pub(super) fn tokens_param(tokens: &[(ResourceName, Token)]) -> StoreResult<String> {
+    json_rows(
+        tokens
+            .iter()
+            .map(|(name, token)| (name.as_str(), token.get())),
+    )
+}
+
+pub(super) fn parse_names(names: Vec<String>) -> StoreResult<Vec<ResourceName>> {
+    names
+        .into_iter()
+        .map(|n| ResourceName::parse(n).map_err(|e| StoreError::Corrupt(e.to_string())))
+        .collect()
 }
 
 /// One statement parameter for `json_each`: a JSON array of values (read

@@ -1,0 +1,400 @@
+//! SQLite's group-commit writer, in process.
+//!
+//! sqlx runs every SQLite statement on a worker thread of its own, handing
+//! each statement and each row across threads. A one-request batch spent
+//! about 2 ms in those hand-offs and the context switches they cost, against
+//! about 0.35 ms for the same commit made in process (docs/performance.md).
+//! So with group commit, SQLite's one writer is a rusqlite connection owned
+//! by a thread of its own that runs the whole batcher loop (see
+//! [`super::batch`]): locking, loading, flushing and committing a batch are
+//! plain function calls there, and the only hand-offs left are a request
+//! arriving and its answer leaving. It runs the same statements as the sqlx
+//! transaction ([`super::sqlite::sql`]). Reads, retention and writes with
+//! group commit off stay on sqlx's connections; SQLite's write lock (with
+//! the same busy timeout) keeps the two writers apart.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use rusqlite::{Connection, OptionalExtension, Params, Row};
+use tokio::sync::{Mutex, OwnedMutexGuard};
+
+use super::rows::{DbTime, LeaseRow, ResourceDbRow, ValueRow, into_lease, unix_ms};
+use super::sqlite::{flush_steps, ids_param, names_param, parse_names, sql, tokens_param};
+use super::staged::{BatchTx, Changes};
+use super::types::{NewEvent, ResourceRow, StoredValue};
+use super::{ResourceTx, StoreError, StoreResult, Writes, classify_database_error};
+use crate::domain::{Lease, LeaseId, ResourceName, Token};
+
+/// The writer connection. Its transactions hold it, so one runs at a time.
+#[derive(Clone)]
+pub struct DirectWriter {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl DirectWriter {
+    /// Opens a second connection to the (already migrated) database file
+    /// at `path`, with the same durability settings as sqlx's.
+    pub fn open(path: &Path) -> StoreResult<Self> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
+             PRAGMA foreign_keys = ON; PRAGMA temp_store = memory;",
+        )?;
+        conn.set_prepared_statement_cache_capacity(64);
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+}
+
+/// A write transaction on the writer connection; rolled back if dropped
+/// before it commits. Its statements block the thread that runs them,
+/// which is the writer's own.
+pub struct DirectTx {
+    conn: OwnedMutexGuard<Connection>,
+}
+
+impl Drop for DirectTx {
+    fn drop(&mut self) {
+        if !self.conn.is_autocommit() {
+            // Nothing of it was acknowledged; a failure here leaves the
+            // transaction to be rolled back when the connection closes.
+            if let Err(err) = self.conn.execute_batch("ROLLBACK") {
+                tracing::warn!(error = %err, "rolling back a batch failed");
+            }
+        }
+    }
+}
+
+impl Writes for DirectWriter {
+    type Tx = DirectTx;
+
+    async fn begin_write(&self) -> StoreResult<DirectTx> {
+        let conn = self.conn.clone().lock_owned().await;
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        Ok(DirectTx { conn })
+    }
+
+    async fn commit(tx: DirectTx) -> StoreResult<()> {
+        Ok(tx.conn.execute_batch("COMMIT")?)
+    }
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(err: rusqlite::Error) -> Self {
+        use rusqlite::Error as E;
+        match &err {
+            E::SqliteFailure(failure, _) => {
+                classify_database_error(&failure.extended_code.to_string(), err.to_string())
+                    .unwrap_or_else(|| StoreError::Other(Box::new(err)))
+            }
+            E::FromSqlConversionFailure(..)
+            | E::IntegralValueOutOfRange(..)
+            | E::InvalidColumnType(..)
+            | E::InvalidColumnIndex(_)
+            | E::InvalidColumnName(_)
+            | E::Utf8Error(_) => StoreError::Corrupt(err.to_string()),
+            _ => StoreError::Other(Box::new(err)),
+        }
+    }
+}
+
+impl DirectTx {
+    fn execute(&self, sql: &str, params: impl Params) -> StoreResult<usize> {
+        Ok(self.conn.prepare_cached(sql)?.execute(params)?)
+    }
+
+    fn rows<T>(
+        &self,
+        sql: &str,
+        params: impl Params,
+        row: impl FnMut(&Row<'_>) -> rusqlite::Result<T>,
+    ) -> StoreResult<Vec<T>> {
+        let mut statement = self.conn.prepare_cached(sql)?;
+        let rows = statement.query_map(params, row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn optional<T>(
+        &self,
+        sql: &str,
+        params: impl Params,
+        row: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+    ) -> StoreResult<Option<T>> {
+        let mut statement = self.conn.prepare_cached(sql)?;
+        Ok(statement.query_row(params, row).optional()?)
+    }
+}
+
+/// A lease's columns from `at` on: lease_id, resource, token, holder, state,
+/// ttl_ms, acquired_at, expires_at, ended_at, request_id.
+fn lease_row(row: &Row<'_>, at: usize) -> rusqlite::Result<LeaseRow<i64>> {
+    Ok(LeaseRow {
+        lease_id: row.get(at)?,
+        resource: row.get(at + 1)?,
+        token: row.get(at + 2)?,
+        holder: row.get(at + 3)?,
+        state: row.get(at + 4)?,
+        ttl_ms: row.get(at + 5)?,
+        acquired_at: row.get(at + 6)?,
+        expires_at: row.get(at + 7)?,
+        ended_at: row.get(at + 8)?,
+        request_id: row.get(at + 9)?,
+    })
+}
+
+fn resource_row(row: &Row<'_>) -> rusqlite::Result<ResourceDbRow<i64>> {
+    Ok(ResourceDbRow {
+        name: row.get(0)?,
+        last_token: row.get(1)?,
+        accepted_token: row.get(2)?,
+        created_at: row.get(3)?,
+        last_activity_at: row.get(4)?,
+    })
+}
+
+/// A fenced value's columns from `at` on: value, token, version, updated_at.
+fn value_row(row: &Row<'_>, at: usize) -> rusqlite::Result<ValueRow<i64>> {
+    Ok(ValueRow {
+        value: row.get(at)?,
+        token: row.get(at + 1)?,
+        version: row.get(at + 2)?,
+        updated_at: row.get(at + 3)?,
+    })
+}
+
+impl ResourceTx for DirectTx {
+    async fn now(&mut self) -> StoreResult<DateTime<Utc>> {
+        let ms: i64 = self
+            .conn
+            .prepare_cached(sql::NOW)?
+            .query_row([], |r| r.get(0))?;
+        ms.to_utc()
+    }
+
+    async fn ensure_resource(&mut self, name: &ResourceName) -> StoreResult<()> {
+        self.execute(sql::ENSURE_RESOURCE, [name.as_str()])?;
+        Ok(())
+    }
+
+    async fn resource(
+        &mut self,
+        name: &ResourceName,
+        _for_update: bool,
+    ) -> StoreResult<Option<ResourceRow>> {
+        // BEGIN IMMEDIATE already holds the database write lock.
+        self.optional(sql::RESOURCE, [name.as_str()], resource_row)?
+            .map(ResourceDbRow::into_row)
+            .transpose()
+    }
+
+    async fn save_resource(&mut self, row: &ResourceRow) -> StoreResult<()> {
+        self.execute(
+            sql::SAVE_RESOURCE,
+            (
+                row.last_token,
+                row.accepted_token,
+                unix_ms(row.last_activity_at),
+                row.name.as_str(),
+            ),
+        )?;
+        Ok(())
+    }
+
+    async fn active_lease(&mut self, name: &ResourceName) -> StoreResult<Option<Lease>> {
+        into_lease(self.optional(sql::ACTIVE_LEASE, [name.as_str()], |r| lease_row(r, 0))?)
+    }
+
+    async fn lease_by_id(&mut self, id: &LeaseId) -> StoreResult<Option<Lease>> {
+        into_lease(self.optional(sql::LEASE_BY_ID, [id.as_str()], |r| lease_row(r, 0))?)
+    }
+
+    async fn lease_by_token(
+        &mut self,
+        name: &ResourceName,
+        token: Token,
+    ) -> StoreResult<Option<Lease>> {
+        let params = (name.as_str(), token.get());
+        into_lease(self.optional(sql::LEASE_BY_TOKEN, params, |r| lease_row(r, 0))?)
+    }
+
+    async fn insert_lease(&mut self, l: &Lease) -> StoreResult<()> {
+        self.execute(
+            sql::INSERT_LEASE,
+            (
+                l.lease_id.as_str(),
+                l.resource.as_str(),
+                l.token.get(),
+                l.holder.as_str(),
+                l.state.as_str(),
+                l.ttl_ms,
+                unix_ms(l.acquired_at),
+                unix_ms(l.expires_at),
+                l.ended_at.map(unix_ms),
+                l.request_id.as_ref().map(|r| r.as_str()),
+            ),
+        )?;
+        Ok(())
+    }
+
+    async fn update_lease(&mut self, l: &Lease) -> StoreResult<()> {
+        self.execute(
+            sql::UPDATE_LEASE,
+            (
+                l.state.as_str(),
+                l.ttl_ms,
+                unix_ms(l.expires_at),
+                l.ended_at.map(unix_ms),
+                l.lease_id.as_str(),
+            ),
+        )?;
+        Ok(())
+    }
+
+    async fn upsert_value(
+        &mut self,
+        name: &ResourceName,
+        json: &str,
+        token: Token,
+        now: DateTime<Utc>,
+    ) -> StoreResult<i64> {
+        let params = (name.as_str(), json, token.get(), unix_ms(now));
+        Ok(self
+            .conn
+            .prepare_cached(sql::UPSERT_VALUE)?
+            .query_row(params, |r| r.get(0))?)
+    }
+
+    async fn value(&mut self, name: &ResourceName) -> StoreResult<Option<StoredValue>> {
+        self.optional(sql::VALUE, [name.as_str()], |r| value_row(r, 0))?
+            .map(ValueRow::into_value)
+            .transpose()
+    }
+
+    async fn insert_event(&mut self, e: &NewEvent) -> StoreResult<()> {
+        self.execute(
+            sql::INSERT_EVENT,
+            (
+                unix_ms(e.at),
+                e.kind.as_str(),
+                e.resource.as_str(),
+                e.token.map(Token::get),
+                e.holder.as_ref().map(|h| h.as_str()),
+                e.detail.to_string(),
+            ),
+        )?;
+        Ok(())
+    }
+
+    async fn announce_lease_ended(&mut self, _name: &ResourceName) -> StoreResult<()> {
+        // One process owns an SQLite database; the service wakes its own
+        // waiters after commit.
+        Ok(())
+    }
+
+    async fn savepoint(&mut self) -> StoreResult<()> {
+        self.execute(sql::SAVEPOINT, [])?;
+        Ok(())
+    }
+
+    async fn release_savepoint(&mut self) -> StoreResult<()> {
+        self.execute(sql::RELEASE_SAVEPOINT, [])?;
+        Ok(())
+    }
+
+    async fn rollback_to_savepoint(&mut self) -> StoreResult<()> {
+        self.execute(sql::ROLLBACK_TO_SAVEPOINT, [])?;
+        Ok(())
+    }
+}
+
+impl BatchTx for DirectTx {
+    async fn lock_resources(
+        &mut self,
+        create: &[ResourceName],
+        lock: &[ResourceName],
+        lease_ids: &[LeaseId],
+    ) -> StoreResult<(Vec<ResourceRow>, Vec<ResourceName>)> {
+        // BEGIN IMMEDIATE already holds the database write lock.
+        let mut created = Vec::new();
+        if !create.is_empty() {
+            let inserted = self.rows(sql::CREATE_RESOURCES, [names_param(create)?], |r| {
+                r.get::<_, String>(0)
+            })?;
+            created = parse_names(inserted)?;
+        }
+        let params = (names_param(lock)?, ids_param(lease_ids)?);
+        let rows = self
+            .rows(sql::LOCK_RESOURCES, params, resource_row)?
+            .into_iter()
+            .map(ResourceDbRow::into_row)
+            .collect::<StoreResult<_>>()?;
+        Ok((rows, created))
+    }
+
+    async fn load_leases(
+        &mut self,
+        resources: &[ResourceName],
+        ids: &[LeaseId],
+        tokens: &[(ResourceName, Token)],
+    ) -> StoreResult<(DateTime<Utc>, Vec<Lease>)> {
+        let params = (
+            names_param(resources)?,
+            ids_param(ids)?,
+            tokens_param(tokens)?,
+        );
+        // The clock, then (outer join) a lease or nulls.
+        let rows = self.rows(sql::LOAD_LEASES, params, |r| {
+            let now: i64 = r.get(0)?;
+            let lease = match r.get::<_, Option<String>>(1)? {
+                Some(_) => Some(lease_row(r, 1)?),
+                None => None,
+            };
+            Ok((now, lease))
+        })?;
+        let now = rows
+            .first()
+            .map(|(now, _)| *now)
+            .ok_or_else(|| StoreError::Corrupt("clock query: no row".into()))?
+            .to_utc()?;
+        let leases = rows
+            .into_iter()
+            .filter_map(|(_, lease)| lease)
+            .map(LeaseRow::into_lease)
+            .collect::<StoreResult<_>>()?;
+        Ok((now, leases))
+    }
+
+    async fn load_values(
+        &mut self,
+        names: &[ResourceName],
+    ) -> StoreResult<Vec<(ResourceName, StoredValue)>> {
+        let rows = self.rows(sql::LOAD_VALUES, [names_param(names)?], |r| {
+            Ok((r.get::<_, String>(0)?, value_row(r, 1)?))
+        })?;
+        let (names, values): (Vec<String>, Vec<ValueRow<i64>>) = rows.into_iter().unzip();
+        let values = values.into_iter().map(ValueRow::into_value);
+        parse_names(names)?
+            .into_iter()
+            .zip(values)
+            .map(|(name, value)| Ok((name, value?)))
+            .collect()
+    }
+
+    async fn delete_resources(&mut self, names: &[ResourceName]) -> StoreResult<()> {
+        self.execute(sql::DELETE_RESOURCES, [names_param(names)?])?;
+        Ok(())
+    }
+
+    async fn flush(&mut self, changes: &Changes) -> StoreResult<()> {
+        for step in flush_steps(changes)? {
+            let changed = self.execute(step.sql, [&step.rows])?;
+            step.check(changed as u64)?;
+        }
+        Ok(())
+    }
+}
