@@ -21,7 +21,9 @@ use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OptionalExtension, Params, Row};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use super::rows::{DbTime, LeaseRow, ResourceDbRow, ValueRow, into_lease, unix_ms};
+use super::rows::{
+    ClockedLeaseRow, DbTime, LeaseRow, ResourceDbRow, ValueRow, into_lease, unix_ms,
+};
 use super::sqlite::{flush_steps, ids_param, names_param, parse_names, sql, tokens_param};
 use super::staged::{BatchTx, Changes};
 use super::types::{NewEvent, ResourceRow, StoredValue};
@@ -357,24 +359,21 @@ impl BatchTx for DirectTx {
         );
         // The clock, then (outer join) a lease or nulls.
         let rows = self.rows(sql::LOAD_LEASES, params, |r| {
-            let now: i64 = r.get(0)?;
-            let lease = match r.get::<_, Option<String>>(1)? {
-                Some(_) => Some(lease_row(r, 1)?),
-                None => None,
-            };
-            Ok((now, lease))
+            Ok(ClockedLeaseRow::<i64> {
+                now: r.get(0)?,
+                lease_id: r.get(1)?,
+                resource: r.get(2)?,
+                token: r.get(3)?,
+                holder: r.get(4)?,
+                state: r.get(5)?,
+                ttl_ms: r.get(6)?,
+                acquired_at: r.get(7)?,
+                expires_at: r.get(8)?,
+                ended_at: r.get(9)?,
+                request_id: r.get(10)?,
+            })
         })?;
-        let now = rows
-            .first()
-            .map(|(now, _)| *now)
-            .ok_or_else(|| StoreError::Corrupt("clock query: no row".into()))?
-            .to_utc()?;
-        let leases = rows
-            .into_iter()
-            .filter_map(|(_, lease)| lease)
-            .map(LeaseRow::into_lease)
-            .collect::<StoreResult<_>>()?;
-        Ok((now, leases))
+        ClockedLeaseRow::split(rows)
     }
 
     async fn load_values(
