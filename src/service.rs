@@ -223,7 +223,10 @@ impl LockService {
                 () = self.shutdown.cancelled() => return Err(ServiceError::ShuttingDown),
             };
             let handed = match handed {
-                Some(answer) => answer,
+                Some(answer) => {
+                    standing = None; // spent
+                    answer
+                }
                 // Our turn (or the timer): try for ourselves, unless a batch
                 // already runs the standing acquire; then its answer is ours.
                 None => match standing.take() {
@@ -231,7 +234,6 @@ impl LockService {
                     _ => None,
                 },
             };
-            standing = None;
             // An error drops the ticket unserved, which passes the turn on.
             let recorded = match handed {
                 Some(answer) => answer?,
@@ -547,19 +549,24 @@ mod tests {
         }
     }
 
-    /// Waiters queued behind a holder are granted the lease by the batch
-    /// that releases it, in order, each token one higher: only the first
-    /// one ever takes a turn (to find the resource held); the others are
-    /// answered by the releases' commits without retrying.
-    async fn queued_waiters_are_granted_by_the_releasing_batch(store: Store) {
+    /// A service whose writes go through group commit.
+    fn batched_service(store: &Store) -> LockService {
         let metrics = Metrics::new(&MetricsConfig::default()).expect("metrics");
-        let service = LockService::new(
+        LockService::new(
             store.clone(),
             Limits::default(),
             CancellationToken::new(),
             metrics,
         )
-        .with_group_commit(GroupCommitConfig::DEFAULT);
+        .with_group_commit(GroupCommitConfig::DEFAULT)
+    }
+
+    /// Waiters queued behind a holder are granted the lease by the batch
+    /// that releases it, in order, each token one higher: only the first
+    /// one ever takes a turn (to find the resource held); the others are
+    /// answered by the releases' commits without retrying.
+    async fn queued_waiters_are_granted_by_the_releasing_batch(store: Store) {
+        let service = batched_service(&store);
         let wait = WaitTime::from_millis(20_000).expect("wait");
         let first = granted(service.acquire(request("h0"), wait).await.expect("acquire"));
         let turns_before = service.waiters.turns_taken();
@@ -603,14 +610,7 @@ mod tests {
     /// A standing waiter that gives up at its deadline leaves nothing
     /// behind: the release that follows grants nobody.
     async fn a_standing_waiter_that_times_out_is_not_granted(store: Store) {
-        let metrics = Metrics::new(&MetricsConfig::default()).expect("metrics");
-        let service = LockService::new(
-            store.clone(),
-            Limits::default(),
-            CancellationToken::new(),
-            metrics,
-        )
-        .with_group_commit(GroupCommitConfig::DEFAULT);
+        let service = batched_service(&store);
         let holder = granted(
             service
                 .acquire(request("h0"), WaitTime::from_millis(0).expect("wait"))
@@ -631,36 +631,13 @@ mod tests {
         store.close().await;
     }
 
-    async fn sqlite_store(dir: &tempfile::TempDir) -> Store {
-        let url = format!("sqlite://{}", dir.path().join("s.db").display());
-        Store::connect(&url).await.expect("connect")
-    }
-
-    #[tokio::test]
-    async fn queued_waiters_are_granted_by_the_releasing_batch_on_sqlite() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        queued_waiters_are_granted_by_the_releasing_batch(sqlite_store(&dir).await).await;
-    }
-
-    #[tokio::test]
-    async fn queued_waiters_are_granted_by_the_releasing_batch_on_postgres() {
-        if let Some((store, drop_db)) = crate::store::test_postgres_store("service").await {
-            queued_waiters_are_granted_by_the_releasing_batch(store).await;
-            drop_db().await;
-        }
-    }
-
-    #[tokio::test]
-    async fn a_standing_waiter_that_times_out_is_not_granted_on_sqlite() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        a_standing_waiter_that_times_out_is_not_granted(sqlite_store(&dir).await).await;
-    }
-
-    #[tokio::test]
-    async fn a_standing_waiter_that_times_out_is_not_granted_on_postgres() {
-        if let Some((store, drop_db)) = crate::store::test_postgres_store("service").await {
-            a_standing_waiter_that_times_out_is_not_granted(store).await;
-            drop_db().await;
-        }
+    crate::store::on_both_backends! {
+        "service":
+        queued_waiters_are_granted_by_the_releasing_batch =>
+            queued_waiters_are_granted_by_the_releasing_batch_on_sqlite,
+            queued_waiters_are_granted_by_the_releasing_batch_on_postgres;
+        a_standing_waiter_that_times_out_is_not_granted =>
+            a_standing_waiter_that_times_out_is_not_granted_on_sqlite,
+            a_standing_waiter_that_times_out_is_not_granted_on_postgres;
     }
 }

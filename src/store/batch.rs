@@ -773,7 +773,8 @@ mod tests {
     #[tokio::test]
     async fn every_request_kind_runs_on_the_fast_path_through_sqlx() {
         let dir = tempfile::tempdir().expect("temp dir");
-        every_request_kind_on_the_fast_path(sqlite_store(&dir).await, Via::Sqlx).await;
+        every_request_kind_on_the_fast_path(crate::store::test_sqlite_store(&dir).await, Via::Sqlx)
+            .await;
     }
 
     async fn every_request_kind_on_the_fast_path(store: Store, via: Via) {
@@ -1146,30 +1147,8 @@ mod tests {
         }
     }
 
-    async fn sqlite_store(dir: &tempfile::TempDir) -> Store {
-        let url = format!("sqlite://{}", dir.path().join("batch.db").display());
-        Store::connect(&url).await.expect("connect")
-    }
-
-    macro_rules! on_both {
-        ($($case:ident => $sqlite:ident, $postgres:ident;)*) => {$(
-            #[tokio::test]
-            async fn $sqlite() {
-                let dir = tempfile::tempdir().expect("temp dir");
-                $case(sqlite_store(&dir).await).await;
-            }
-
-            #[tokio::test]
-            async fn $postgres() {
-                if let Some((store, drop_db)) = crate::store::test_postgres_store("batch").await {
-                    $case(store).await;
-                    drop_db().await;
-                }
-            }
-        )*};
-    }
-
-    on_both! {
+    crate::store::on_both_backends! {
+        "batch":
         a_failure_is_undone_alone => a_failure_is_undone_alone_on_sqlite,
             a_failure_is_undone_alone_on_postgres;
         a_failing_flush_falls_back_and_fails_one_request =>

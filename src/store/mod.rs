@@ -373,6 +373,37 @@ pub(crate) async fn test_postgres_store(tag: &str) -> Option<(Store, impl AsyncF
     Some((store, drop_db))
 }
 
+/// A store on a fresh SQLite database file in `dir`.
+#[cfg(test)]
+pub(crate) async fn test_sqlite_store(dir: &tempfile::TempDir) -> Store {
+    let url = format!("sqlite://{}", dir.path().join("test.db").display());
+    Store::connect(&url).await.expect("connect")
+}
+
+/// Runs each `async fn case(store: Store)` as two tests, one per backend:
+/// `case => name_on_sqlite, name_on_postgres;` (the PostgreSQL one skips
+/// outside CI when PostgreSQL is not configured; in CI it must run).
+#[cfg(test)]
+macro_rules! on_both_backends {
+    ($tag:literal: $($case:ident => $sqlite:ident, $postgres:ident;)*) => {$(
+        #[tokio::test]
+        async fn $sqlite() {
+            let dir = tempfile::tempdir().expect("temp dir");
+            $case($crate::store::test_sqlite_store(&dir).await).await;
+        }
+
+        #[tokio::test]
+        async fn $postgres() {
+            if let Some((store, drop_db)) = $crate::store::test_postgres_store($tag).await {
+                $case(store).await;
+                drop_db().await;
+            }
+        }
+    )*};
+}
+#[cfg(test)]
+pub(crate) use on_both_backends;
+
 #[cfg(test)]
 mod tests {
     use super::*;
