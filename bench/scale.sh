@@ -140,6 +140,14 @@ explain "active-lease gauge (every 2 s)" \
   "SELECT count(*) FROM leases WHERE state = 'active' AND expires_at > statement_timestamp()"
 explain "one resource's events (API and timeline)" \
   "SELECT id FROM events WHERE id > 0 AND resource = 'scale/4242' ORDER BY id LIMIT 100"
+explain "a timeline window's marks: (resource, id) between id bounds found by time" \
+  "SELECT id FROM events WHERE resource = 'scale/4242'
+   AND id > coalesce((SELECT id FROM events WHERE at < now() - interval '1 hour 10 minutes'
+     ORDER BY at DESC, id DESC LIMIT 1), 0)
+   AND id < coalesce((SELECT id FROM events WHERE at >= now() + interval '10 minutes'
+     ORDER BY at, id LIMIT 1), 9223372036854775807)
+   AND at >= now() - interval '1 hour' AND at < now()
+   AND kind IN ('renewed', 'write_accepted', 'write_rejected') ORDER BY id LIMIT 101"
 explain "event stream page" \
   "SELECT id FROM events WHERE id > $((EVENTS - 500)) ORDER BY id LIMIT 100"
 

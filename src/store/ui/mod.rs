@@ -146,6 +146,15 @@ pub const OVERVIEW_KINDS: [EventKind; 3] = [
 /// How many minutes the overview covers.
 pub const OVERVIEW_MINUTES: i64 = 60;
 
+/// How far apart in time two events can be recorded out of id order. A
+/// resource's events are written under its lock, so their ids follow
+/// their times; across resources, PostgreSQL hands out ids at insert
+/// while `at` is the batch's clock read before it, so a long transaction
+/// (or a clock stepped back) can put a later id on an earlier time. A
+/// window's events are looked for between the last event recorded this
+/// long before the window and the first one this long after it.
+pub const WINDOW_ID_SLACK_MS: i64 = 10 * 60 * 1000;
+
 /// The UI's read queries, one implementation per engine.
 pub trait UiReads: Send + Sync {
     fn db_now(&self) -> impl Future<Output = StoreResult<DateTime<Utc>>> + Send;
@@ -168,7 +177,10 @@ pub trait UiReads: Send + Sync {
         token: i64,
     ) -> impl Future<Output = StoreResult<Option<PublicLease>>> + Send;
     /// Events of `resource` with `at` in [from, to), of the given kinds,
-    /// oldest first, at most `limit`.
+    /// oldest first, at most `limit`. Read through the `(resource, id)`
+    /// index between id bounds found by time (see [`WINDOW_ID_SLACK_MS`]):
+    /// a `(resource, at)` index would cost every event write one more
+    /// B-tree page for this page alone.
     fn events_in_window(
         &self,
         resource: &str,
@@ -343,6 +355,101 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::{ResourceName, Token};
+    use crate::store::{NewEvent, ResourceTx, Writes};
+    use chrono::{Duration, TimeZone};
+
+    /// Records `events` (resource, kind, at), in this order, in one
+    /// transaction: ids follow the order given, not the times.
+    async fn record<W: Writes>(writes: &W, events: &[(&str, EventKind, DateTime<Utc>)]) {
+        let mut tx = writes.begin_write().await.expect("begin");
+        for (i, (resource, kind, at)) in events.iter().enumerate() {
+            let resource = ResourceName::parse(*resource).expect("name");
+            tx.ensure_resource(&resource).await.expect("resource");
+            let event = NewEvent {
+                at: *at,
+                kind: *kind,
+                resource,
+                token: Some(Token::from_stored(1)),
+                holder: None,
+                detail: serde_json::json!({ "n": i }),
+            };
+            tx.insert_event(&event).await.expect("event");
+        }
+        W::commit(tx).await.expect("commit");
+    }
+
+    /// A window holds exactly the resource's events with `at` in [from,
+    /// to), of the kinds asked for, oldest first, up to the limit — also
+    /// events recorded out of time order near its ends.
+    async fn a_window_holds_exactly_its_events(store: Store) {
+        let from = Utc
+            .with_ymd_and_hms(2026, 1, 1, 0, 0, 0)
+            .single()
+            .expect("time");
+        let to = from + Duration::hours(1);
+        let ms = Duration::milliseconds;
+        let renewed = EventKind::Renewed;
+        let accepted = EventKind::WriteAccepted;
+        // Ids out of time order near both ends: only the slack finds 1
+        // (recorded before 4) and 8 (recorded after 6 and 7).
+        let events = [
+            ("w/a", renewed, from - Duration::minutes(20)), // 0: before
+            ("w/a", renewed, from),                         // 1: in
+            ("w/b", renewed, from + ms(10)),                // 2: other resource
+            ("w/a", EventKind::Released, from + ms(20)),    // 3: in, other kind
+            ("w/a", renewed, from - ms(1)),                 // 4: before
+            ("w/a", accepted, from + Duration::minutes(30)), // 5: in
+            ("w/a", renewed, to),                           // 6: after (exclusive)
+            ("w/b", renewed, to + Duration::minutes(5)),    // 7: other resource
+            ("w/a", renewed, to - ms(1)),                   // 8: in
+            ("w/a", renewed, to + Duration::minutes(20)),   // 9: after
+        ];
+        match &store {
+            Store::Sqlite(b) => match b.direct_writer() {
+                Some(writer) => record(&writer.expect("writer"), &events).await,
+                None => record(b, &events).await,
+            },
+            Store::Postgres(b) => record(b, &events).await,
+        }
+        let detail = |e: &Event| e.detail["n"].as_i64().expect("n");
+        let window = store
+            .events_in_window("w/a", &[renewed, accepted], from, to, 10)
+            .await
+            .expect("window");
+        assert_eq!(window.iter().map(detail).collect::<Vec<_>>(), [1, 5, 8]);
+        let first_two = store
+            .events_in_window("w/a", &[renewed, accepted], from, to, 2)
+            .await
+            .expect("window");
+        assert_eq!(first_two.iter().map(detail).collect::<Vec<_>>(), [1, 5]);
+        let any_kind = store
+            .events_in_window("w/a", &[], from, to, 10)
+            .await
+            .expect("window");
+        assert_eq!(
+            any_kind.iter().map(detail).collect::<Vec<_>>(),
+            [1, 3, 5, 8]
+        );
+        let empty = store
+            .events_in_window(
+                "w/a",
+                &[],
+                to + Duration::hours(1),
+                to + Duration::hours(2),
+                10,
+            )
+            .await
+            .expect("window");
+        assert!(empty.is_empty(), "{empty:?}");
+        store.close().await;
+    }
+
+    crate::store::on_both_backends! {
+        "ui":
+        a_window_holds_exactly_its_events => a_window_holds_exactly_its_events_on_sqlite,
+            a_window_holds_exactly_its_events_on_postgres;
+    }
 
     #[test]
     fn series_fill_minutes_and_ignore_out_of_range() {

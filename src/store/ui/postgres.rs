@@ -6,7 +6,7 @@ use sqlx::{Postgres, QueryBuilder};
 use super::{
     Contended, EventQuery, HeldFilter, OVERVIEW_KINDS, OVERVIEW_MINUTES, Overview, PublicLease,
     PublicLeaseRow, ResourceOrder, ResourcePage, ResourceQuery, ResourceSummaryRow, UiReads,
-    series_from_counts,
+    WINDOW_ID_SLACK_MS, series_from_counts,
 };
 use crate::domain::EventKind;
 use crate::store::postgres::PgBackend;
@@ -157,16 +157,25 @@ impl UiReads for PgBackend {
         to: DateTime<Utc>,
         limit: i64,
     ) -> StoreResult<Vec<Event>> {
+        let slack = Duration::milliseconds(WINDOW_ID_SLACK_MS);
         let mut q = QueryBuilder::<Postgres>::new(format!(
             "SELECT {EVENT_COLUMNS} FROM events WHERE resource = "
         ));
         q.push_bind(resource.to_owned())
-            .push(" AND at >= ")
+            .push(" AND id > coalesce((SELECT id FROM events WHERE at < ")
+            .push_bind(from.checked_sub_signed(slack).unwrap_or(from))
+            .push(
+                " ORDER BY at DESC, id DESC LIMIT 1), 0) \
+                 AND id < coalesce((SELECT id FROM events WHERE at >= ",
+            )
+            .push_bind(to.checked_add_signed(slack).unwrap_or(to))
+            .push(" ORDER BY at, id LIMIT 1), 9223372036854775807) AND at >= ")
             .push_bind(from)
             .push(" AND at < ")
             .push_bind(to);
         push_kinds(&mut q, kinds);
-        q.push(" ORDER BY at, id LIMIT ").push_bind(limit);
+        // A resource's ids follow its events' times.
+        q.push(" ORDER BY id LIMIT ").push_bind(limit);
         let rows: Vec<EventRow<DateTime<Utc>>> = q.build_query_as().fetch_all(self.pool()).await?;
         rows.into_iter().map(EventRow::into_event).collect()
     }

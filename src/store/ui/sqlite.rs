@@ -6,7 +6,7 @@ use sqlx::{QueryBuilder, Sqlite};
 use super::{
     Contended, EventQuery, HeldFilter, OVERVIEW_KINDS, OVERVIEW_MINUTES, Overview, PublicLease,
     PublicLeaseRow, ResourceOrder, ResourcePage, ResourceQuery, ResourceSummaryRow, UiReads,
-    series_from_counts,
+    WINDOW_ID_SLACK_MS, series_from_counts,
 };
 use crate::domain::EventKind;
 use crate::store::rows::{DbTime, EventRow, unix_ms};
@@ -143,16 +143,30 @@ impl UiReads for SqliteBackend {
         to: DateTime<Utc>,
         limit: i64,
     ) -> StoreResult<Vec<Event>> {
+        let (from_ms, to_ms) = (unix_ms(from), unix_ms(to));
         let mut q = QueryBuilder::<Sqlite>::new(format!(
-            "SELECT {EVENT_COLUMNS} FROM events WHERE resource = "
+            "SELECT {EVENT_COLUMNS} FROM events INDEXED BY events_by_resource \
+             WHERE resource = "
         ));
         q.push_bind(resource.to_owned())
-            .push(" AND at >= ")
-            .push_bind(unix_ms(from))
+            .push(
+                " AND id > coalesce((SELECT id FROM events INDEXED BY events_by_time \
+                 WHERE at < ",
+            )
+            .push_bind(from_ms.saturating_sub(WINDOW_ID_SLACK_MS))
+            .push(
+                " ORDER BY at DESC, id DESC LIMIT 1), 0) \
+                 AND id < coalesce((SELECT id FROM events INDEXED BY events_by_time \
+                 WHERE at >= ",
+            )
+            .push_bind(to_ms.saturating_add(WINDOW_ID_SLACK_MS))
+            .push(" ORDER BY at, id LIMIT 1), 9223372036854775807) AND at >= ")
+            .push_bind(from_ms)
             .push(" AND at < ")
-            .push_bind(unix_ms(to));
+            .push_bind(to_ms);
         push_kinds(&mut q, kinds);
-        q.push(" ORDER BY at, id LIMIT ").push_bind(limit);
+        // A resource's ids follow its events' times.
+        q.push(" ORDER BY id LIMIT ").push_bind(limit);
         let rows: Vec<EventRow<i64>> = q.build_query_as().fetch_all(self.readers()).await?;
         rows.into_iter().map(EventRow::into_event).collect()
     }
@@ -207,8 +221,8 @@ impl UiReads for SqliteBackend {
         push_kinds(&mut q, &OVERVIEW_KINDS);
         q.push(" GROUP BY kind, minute");
         let counts: Vec<(String, i64, i64)> = q.build_query_as().fetch_all(self.readers()).await?;
-        // The planner prefers (resource, at) with a skip-scan, five times
-        // slower than the covering (kind, at, resource, holder) index.
+        // The planner prefers a skip-scan of another index, five times
+        // slower than the covering (kind, at, resource, holder) one.
         let contended: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
             "SELECT resource, \
                sum(kind = 'acquired') AS acquisitions, \
