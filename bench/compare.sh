@@ -48,7 +48,8 @@ say() { printf '\n== %s\n' "$*" >&2; }
 # record NAME VALUE: one measured number, for the summary.
 record() { printf '%s\t%s\n' "$1" "$2" >>"$RESULTS"; }
 value() { awk -F'\t' -v k="$1" '$1 == k { v = $2 } END { print v }' "$RESULTS"; }
-psql_q() { psql -q -X -v ON_ERROR_STOP=1 -h "$PG_HOST" -p "$PG_PORT" -U postgres "$@"; }
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
 
 # PALISADE_BIN runs a binary built elsewhere (e.g. an older commit).
 if [[ -n ${PALISADE_BIN:-} ]]; then
@@ -61,25 +62,6 @@ fi
 # Let the build's (or anything else's) dirty pages reach the disk first: the
 # first durable run's fsyncs would otherwise queue behind that writeback.
 sync
-
-start_server() {
-  local url=$1
-  RUST_LOG=warn "$PALISADE" serve --listen "127.0.0.1:$PORT" --database-url "$url" \
-    --admin-token compare-admin $SERVE_ARGS >"$WORK/server.log" 2>&1 & # split on purpose
-  SERVER_PID=$!
-  for _ in $(seq 1 100); do
-    curl -fs "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  cat "$WORK/server.log" >&2
-  echo "server did not become ready" >&2
-  exit 1
-}
-
-stop_server() {
-  kill "$SERVER_PID" && wait "$SERVER_PID" || true
-  SERVER_PID=""
-}
 
 # unswept BACKEND: leases past their deadline that the sweeper has not
 # recorded as expired yet.
@@ -152,9 +134,7 @@ palisade_suite sqlite
 stop_server
 
 say "Palisade on PostgreSQL (synchronous_commit=on, database $PG_BENCH_DB)"
-psql_q -d postgres -c "DROP DATABASE IF EXISTS $PG_BENCH_DB WITH (FORCE)"
-psql_q -d postgres -c "CREATE DATABASE $PG_BENCH_DB"
-psql_q -d postgres -c "ALTER DATABASE $PG_BENCH_DB SET synchronous_commit = on"
+fresh_pg_db "$PG_BENCH_DB"
 start_server "postgres://postgres@$PG_HOST:$PG_PORT/$PG_BENCH_DB"
 palisade_suite postgres
 stop_server
