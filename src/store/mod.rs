@@ -175,6 +175,11 @@ pub trait ResourceTx: Send {
 /// Write transactions: all that group commit's writers need.
 pub trait Writes: Send + Sync {
     type Tx: staged::BatchTx;
+    /// Whether an idle group-commit writer opens its next transaction
+    /// before a request arrives, taking that round trip off the request's
+    /// path. Only where an open, unused transaction blocks nobody: not on
+    /// SQLite, whose write transaction holds the database's one write lock.
+    const BEGINS_AHEAD: bool = false;
     fn begin_write(&self) -> impl Future<Output = StoreResult<Self::Tx>> + Send;
     fn commit(tx: Self::Tx) -> impl Future<Output = StoreResult<()>> + Send;
 }

@@ -116,6 +116,9 @@ impl PgTx {
 
 impl Writes for PgBackend {
     type Tx = PgTx;
+    /// A transaction that has run only `BEGIN` and `SET LOCAL` has no
+    /// transaction id and no snapshot: it holds no lock and no vacuum back.
+    const BEGINS_AHEAD: bool = true;
 
     async fn begin_write(&self) -> StoreResult<PgTx> {
         // Every write statement finds its rows through a primary-key or
