@@ -475,8 +475,8 @@ impl ResourceTx for PgTx {
     }
 }
 
-/// A resource row an `INSERT … ON CONFLICT DO UPDATE` returned, and whether
-/// it was inserted (rather than found and locked).
+/// A locked resource row, and whether this transaction inserted it (rather
+/// than finding and locking it).
 #[derive(sqlx::FromRow)]
 struct CreatedResourceRow {
     #[sqlx(flatten)]
@@ -540,54 +540,43 @@ impl BatchTx for PgTx {
         // Existing rows first, locked in the order the sort emits them:
         // every batch takes its locks in one global order. One array of
         // names, so the lookup is an index scan (an `OR` with a subquery
-        // would scan the whole table).
+        // would scan the whole table). Then, in the same statement, the
+        // acquires' resources that were not found (rare once a resource has
+        // been used): created, or locked if a concurrent batch created one
+        // first. Waiting there on a concurrent creator while holding locks
+        // can, in a rare race, deadlock; PostgreSQL then aborts one
+        // transaction and its batch runs again on the slow path.
         let ids: Vec<&str> = lease_ids.iter().map(LeaseId::as_str).collect();
-        let rows: Vec<ResourceDbRow<DateTime<Utc>>> = sqlx::query_as(
-            "SELECT name, last_token, accepted_token, created_at, last_activity_at \
-             FROM resources WHERE name = ANY($1::text[] || \
-               ARRAY(SELECT resource FROM leases WHERE lease_id = ANY($2))) \
-             ORDER BY name FOR UPDATE",
-        )
+        let rows: Vec<CreatedResourceRow> = sqlx::query_as(&format!(
+            "WITH locked AS ( \
+               SELECT name, last_token, accepted_token, created_at, last_activity_at \
+               FROM resources WHERE name = ANY($1::text[] || \
+                 ARRAY(SELECT resource FROM leases WHERE lease_id = ANY($2))) \
+               ORDER BY name FOR UPDATE), \
+             created AS ( \
+               INSERT INTO resources (name, created_at, last_activity_at) \
+               SELECT n, {NOW}, {NOW} FROM unnest($3::text[]) AS n \
+               WHERE n NOT IN (SELECT name FROM locked) ORDER BY n \
+               ON CONFLICT (name) DO UPDATE SET name = excluded.name \
+               RETURNING name, last_token, accepted_token, created_at, last_activity_at, \
+                 (xmax = 0) AS inserted) \
+             SELECT *, false AS inserted FROM locked UNION ALL SELECT * FROM created"
+        ))
         .bind(names(lock))
         .bind(&ids)
+        .bind(names(create))
         .fetch_all(&mut *self.0)
         .await?;
-        let mut rows: Vec<ResourceRow> = rows
-            .into_iter()
-            .map(ResourceDbRow::into_row)
-            .collect::<StoreResult<_>>()?;
-        // Then the acquires' new resources (rare once a resource has been
-        // used): created, or locked if a concurrent batch created one first.
-        // Waiting here on a concurrent creator while holding locks can, in a
-        // rare race, deadlock; PostgreSQL then aborts one transaction and
-        // its batch runs again on the slow path.
-        let found: HashSet<&ResourceName> = rows.iter().map(|r| &r.name).collect();
-        let missing: Vec<&str> = create
-            .iter()
-            .filter(|n| !found.contains(n))
-            .map(ResourceName::as_str)
-            .collect();
+        let mut locked = Vec::with_capacity(rows.len());
         let mut created = Vec::new();
-        if !missing.is_empty() {
-            let new_rows: Vec<CreatedResourceRow> = sqlx::query_as(&format!(
-                "INSERT INTO resources (name, created_at, last_activity_at) \
-                 SELECT n, {NOW}, {NOW} FROM unnest($1::text[]) AS n ORDER BY n \
-                 ON CONFLICT (name) DO UPDATE SET name = excluded.name \
-                 RETURNING name, last_token, accepted_token, created_at, last_activity_at, \
-                   (xmax = 0) AS inserted"
-            ))
-            .bind(&missing)
-            .fetch_all(&mut *self.0)
-            .await?;
-            for CreatedResourceRow { row, inserted } in new_rows {
-                let row = row.into_row()?;
-                if inserted {
-                    created.push(row.name.clone());
-                }
-                rows.push(row);
+        for CreatedResourceRow { row, inserted } in rows {
+            let row = row.into_row()?;
+            if inserted {
+                created.push(row.name.clone());
             }
+            locked.push(row);
         }
-        Ok((rows, created))
+        Ok((locked, created))
     }
 
     async fn delete_resources(&mut self, resources: &[ResourceName]) -> StoreResult<()> {
