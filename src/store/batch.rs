@@ -926,6 +926,67 @@ mod tests {
         store.close().await;
     }
 
+    /// A batch that writes existing values and new ones, beside requests
+    /// that load leases by id and by token: each write sees its own
+    /// resource's stored value (versions go on from it), and nothing is
+    /// mixed up between resources.
+    async fn stored_values_are_loaded_with_the_leases(store: Store) {
+        let name = |n: &str| ResourceName::parse(n).expect("name");
+        let value = |n: i32| ValueWrite {
+            json: format!("{{\"n\": {n}}}"),
+        };
+        let a = granted(store.acquire(&acquire("values-a")).await.expect("acquire"));
+        let b = granted(store.acquire(&acquire("values-b")).await.expect("acquire"));
+        let c = granted(store.acquire(&acquire("values-c")).await.expect("acquire"));
+        for (lease, n) in [(&a, 1), (&a, 2), (&b, 3)] {
+            store
+                .fence(&lease.resource, lease.token, Some(&value(n)))
+                .await
+                .expect("write");
+        }
+        let requests = vec![
+            WriteRequest::Fence(name("values-a"), a.token, Some(value(10))),
+            WriteRequest::Renew(c.lease_id.clone(), None),
+            WriteRequest::Fence(name("values-b"), b.token, Some(value(20))),
+            WriteRequest::Fence(name("values-c"), c.token, Some(value(30))),
+            WriteRequest::Fence(name("values-a"), a.token, Some(value(11))),
+        ];
+        let (batch, answers): (Vec<_>, Vec<_>) = requests.into_iter().map(pending).unzip();
+        let results = match staged_via(&store, &batch, &Waiters::default(), Via::Writer).await {
+            Staged::Committed(results, _) => results,
+            Staged::Retry(why) => panic!("fell back to the slow path: {why}"),
+            Staged::Unavailable(err) | Staged::CommitFailed(err, _) => panic!("failed: {err}"),
+        };
+        let versions: Vec<Option<i64>> = results
+            .into_iter()
+            .map(|r| match r.expect("request") {
+                WriteReply::Fence(r) => match r.outcome {
+                    FenceOutcome::Accepted { version, .. } => version,
+                    FenceOutcome::Rejected(rej) => panic!("refused: {rej:?}"),
+                },
+                WriteReply::Renew(_) => None,
+                other => panic!("unexpected reply {:?}", std::mem::discriminant(&other)),
+            })
+            .collect();
+        assert_eq!(versions, [Some(3), None, Some(2), Some(1), Some(4)]);
+        for (resource, json, version) in [
+            ("values-a", "{\"n\": 11}", 4),
+            ("values-b", "{\"n\": 20}", 2),
+            ("values-c", "{\"n\": 30}", 1),
+        ] {
+            let stored = store
+                .value(&name(resource))
+                .await
+                .expect("read")
+                .expect("value");
+            let parsed: serde_json::Value = serde_json::from_str(&stored.json).expect("json");
+            let expected: serde_json::Value = serde_json::from_str(json).expect("json");
+            assert_eq!((parsed, stored.version), (expected, version), "{resource}");
+        }
+        drop(answers);
+        store.close().await;
+    }
+
     /// Requests one at a time, with more writers than traffic: each is
     /// answered at once (a writer forming a batch never waits for another
     /// writer that is itself waiting for a request).
@@ -1259,6 +1320,9 @@ mod tests {
         every_request_kind_runs_on_the_fast_path =>
             every_request_kind_runs_on_the_fast_path_on_sqlite,
             every_request_kind_runs_on_the_fast_path_on_postgres;
+        stored_values_are_loaded_with_the_leases =>
+            stored_values_are_loaded_with_the_leases_on_sqlite,
+            stored_values_are_loaded_with_the_leases_on_postgres;
         lone_requests_are_answered_with_idle_writers =>
             lone_requests_are_answered_with_idle_writers_on_sqlite,
             lone_requests_are_answered_with_idle_writers_on_postgres;

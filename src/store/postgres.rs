@@ -16,9 +16,9 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Postgres, QueryBuilder, Transaction};
 
 use super::rows::{
-    ClockedLeaseRow, EventRow, LeaseRow, NamedValueRow, ResourceDbRow, ValueRow, into_lease,
+    ClockedLeaseRow, ClockedLoadRow, EventRow, LeaseRow, ResourceDbRow, ValueRow, into_lease,
 };
-use super::staged::{BatchTx, Changes};
+use super::staged::{BatchTx, Changes, Loaded};
 use super::types::{
     Event, EventCursor, EventFilter, NewEvent, PruneBatch, ResourceRow, StoredValue,
 };
@@ -33,6 +33,18 @@ pub const LEASE_ENDED_CHANNEL: &str = "palisade_lease_ended";
 
 const LEASE_COLUMNS: &str = "lease_id, resource, token, holder, state, ttl_ms, acquired_at, expires_at, ended_at, request_id";
 const NOW: &str = "date_trunc('milliseconds', clock_timestamp())";
+/// A batch's leases (binds $1 to $4): the active leases of the locked
+/// resources, the leases named by id and those named by (resource, token).
+fn batch_leases() -> String {
+    format!(
+        "SELECT {LEASE_COLUMNS} FROM leases WHERE resource = ANY($1) AND state = 'active' \
+         UNION \
+         SELECT {LEASE_COLUMNS} FROM leases WHERE lease_id = ANY($2) \
+         UNION \
+         SELECT {LEASE_COLUMNS} FROM leases WHERE (resource, token) IN \
+           (SELECT r, t FROM unnest($3::text[], $4::bigint[]) AS p(r, t))"
+    )
+}
 
 /// How long a reader of the global event stream waits at a gap in event ids
 /// before deciding it was a rolled-back transaction and not one still
@@ -599,14 +611,8 @@ impl BatchTx for PgTx {
         // One row even when no lease matches, to carry the clock.
         let rows: Vec<ClockedLeaseRow<DateTime<Utc>>> = sqlx::query_as(&format!(
             "WITH clock AS MATERIALIZED (SELECT {NOW} AS now) \
-             SELECT clock.now, l.* FROM clock LEFT JOIN ( \
-               SELECT {LEASE_COLUMNS} FROM leases WHERE resource = ANY($1) AND state = 'active' \
-               UNION \
-               SELECT {LEASE_COLUMNS} FROM leases WHERE lease_id = ANY($2) \
-               UNION \
-               SELECT {LEASE_COLUMNS} FROM leases WHERE (resource, token) IN \
-                 (SELECT r, t FROM unnest($3::text[], $4::bigint[]) AS p(r, t)) \
-             ) AS l ON true"
+             SELECT clock.now, l.* FROM clock LEFT JOIN ({}) AS l ON true",
+            batch_leases()
         ))
         .bind(names(resources))
         .bind(&ids)
@@ -617,20 +623,61 @@ impl BatchTx for PgTx {
         ClockedLeaseRow::split(rows)
     }
 
-    async fn load_values(
+    /// The leases and the fenced values in one statement (one round trip
+    /// less for every batch with a fenced write): both are plain reads
+    /// after the lock, so one snapshot sees every commit the lock waited for.
+    async fn load(
         &mut self,
         resources: &[ResourceName],
-    ) -> StoreResult<Vec<(ResourceName, StoredValue)>> {
-        let rows: Vec<NamedValueRow<DateTime<Utc>>> = sqlx::query_as(
-            "SELECT resource, value::text AS value, token, version, updated_at \
-             FROM fenced_values WHERE resource = ANY($1)",
-        )
+        ids: &[LeaseId],
+        tokens: &[(ResourceName, Token)],
+        values: &[ResourceName],
+    ) -> StoreResult<Loaded> {
+        if values.is_empty() {
+            let (now, leases) = self.load_leases(resources, ids, tokens).await?;
+            return Ok(Loaded {
+                now,
+                leases,
+                values: Vec::new(),
+            });
+        }
+        let ids: Vec<&str> = ids.iter().map(LeaseId::as_str).collect();
+        let token_names: Vec<&str> = tokens.iter().map(|(n, _)| n.as_str()).collect();
+        let token_values: Vec<i64> = tokens.iter().map(|(_, t)| t.get()).collect();
+        // The leases as in `load_leases` (at least one row, for the clock),
+        // then a row per existing value with the lease columns empty.
+        let rows: Vec<ClockedLoadRow> = sqlx::query_as(&format!(
+            "WITH clock AS MATERIALIZED (SELECT {NOW} AS now) \
+             SELECT clock.now, l.*, NULL::text AS value_of, NULL::text AS value, \
+               NULL::bigint AS value_token, NULL::bigint AS version, NULL::timestamptz AS updated_at \
+             FROM clock LEFT JOIN ({leases}) AS l ON true \
+             UNION ALL \
+             SELECT clock.now, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
+               v.resource, v.value::text, v.token, v.version, v.updated_at \
+             FROM clock JOIN fenced_values AS v ON v.resource = ANY($5)",
+            leases = batch_leases()
+        ))
         .bind(names(resources))
+        .bind(&ids)
+        .bind(&token_names)
+        .bind(&token_values)
+        .bind(names(values))
         .fetch_all(&mut *self.0)
         .await?;
-        rows.into_iter()
-            .map(NamedValueRow::into_named_value)
-            .collect()
+        let mut lease_rows = Vec::with_capacity(rows.len());
+        let mut values = Vec::new();
+        for row in rows {
+            match row.into_value_or_lease()? {
+                Ok(value) => values.push(value.into_named_value()?),
+                Err(lease) => lease_rows.push(lease),
+            }
+        }
+        let (now, leases) = ClockedLeaseRow::split(lease_rows)?;
+        Ok(Loaded {
+            now,
+            leases,
+            values,
+        })
     }
 
     async fn flush(&mut self, changes: &Changes) -> StoreResult<()> {

@@ -174,6 +174,41 @@ impl<T: DbTime> NamedValueRow<T> {
     }
 }
 
+/// A row of PostgreSQL's one-statement batch load: a lease (or only the
+/// clock), or a fenced value with the lease columns empty.
+#[derive(sqlx::FromRow)]
+pub struct ClockedLoadRow {
+    #[sqlx(flatten)]
+    pub lease: ClockedLeaseRow<DateTime<Utc>>,
+    pub value_of: Option<String>,
+    pub value: Option<String>,
+    pub value_token: Option<i64>,
+    pub version: Option<i64>,
+    pub updated_at: Option<DateTime<Utc>>,
+}
+
+/// A [`ClockedLoadRow`] taken apart: `Ok` a value row, `Err` a lease row.
+pub type ValueOrLease = Result<NamedValueRow<DateTime<Utc>>, ClockedLeaseRow<DateTime<Utc>>>;
+
+impl ClockedLoadRow {
+    /// The fenced value a value row carries, or else the lease part.
+    pub fn into_value_or_lease(self) -> StoreResult<ValueOrLease> {
+        let Some(resource) = self.value_of else {
+            return Ok(Err(self.lease));
+        };
+        let missing = || corrupt("fenced value", "a column is empty");
+        Ok(Ok(NamedValueRow {
+            resource,
+            value: ValueRow {
+                value: self.value.ok_or_else(missing)?,
+                token: self.value_token.ok_or_else(missing)?,
+                version: self.version.ok_or_else(missing)?,
+                updated_at: self.updated_at.ok_or_else(missing)?,
+            },
+        }))
+    }
+}
+
 #[derive(sqlx::FromRow)]
 pub struct EventRow<T> {
     pub id: i64,

@@ -150,8 +150,41 @@ pub trait BatchTx: ResourceTx {
         }
     }
 
+    /// Everything a batch reads once its locks are held: the clock and
+    /// leases of [`Self::load_leases`], and the fenced values of `values`
+    /// (by default two reads; a backend with round trips to save does it in
+    /// one).
+    fn load(
+        &mut self,
+        names: &[ResourceName],
+        ids: &[LeaseId],
+        tokens: &[(ResourceName, Token)],
+        values: &[ResourceName],
+    ) -> impl Future<Output = StoreResult<Loaded>> + Send {
+        async move {
+            let (now, leases) = self.load_leases(names, ids, tokens).await?;
+            let values = if values.is_empty() {
+                Vec::new()
+            } else {
+                self.load_values(values).await?
+            };
+            Ok(Loaded {
+                now,
+                leases,
+                values,
+            })
+        }
+    }
+
     /// Writes `changes` (see [`Changes`] for the order that matters).
     fn flush(&mut self, changes: &Changes) -> impl Future<Output = StoreResult<()>> + Send;
+}
+
+/// What [`BatchTx::load`] read.
+pub struct Loaded {
+    pub now: DateTime<Utc>,
+    pub leases: Vec<Lease>,
+    pub values: Vec<(ResourceName, StoredValue)>,
 }
 
 /// A row and whether the batch changed it.
@@ -225,13 +258,14 @@ impl StagedTx {
             .iter()
             .map(|(n, t)| (n.clone(), Token::from_stored(*t)))
             .collect();
-        let (now, leases) = tx.load_leases(&lock, &plan.lease_ids, &token_list).await?;
         let values_to_load: Vec<ResourceName> = plan.values.iter().cloned().collect();
-        let loaded_values = if values_to_load.is_empty() {
-            Vec::new()
-        } else {
-            tx.load_values(&values_to_load).await?
-        };
+        let Loaded {
+            now,
+            leases,
+            values: loaded_values,
+        } = tx
+            .load(&lock, &plan.lease_ids, &token_list, &values_to_load)
+            .await?;
         let locked: HashSet<ResourceName> = lock.into_iter().collect();
         let mut values: HashMap<ResourceName, Slot<Option<StoredValue>>> = values_to_load
             .into_iter()
