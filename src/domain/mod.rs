@@ -14,6 +14,6 @@ pub use lease::{Lease, LeaseId, LeaseState, Token};
 pub use names::{Holder, Reason, RequestId, ResourceName, Ttl, ValidationError, WaitTime};
 pub use rules::{
     AcquireDecision, FenceDecision, LeaseEnding, ReleaseDecision, RenewDecision, StaleReason,
-    decide_acquire, decide_fence, decide_release, decide_renew, expire_if_due,
+    decide_acquire, decide_fence, decide_release, decide_renew, expire_if_due, may_accept,
 };
 pub use scope::{ResourcePrefix, Scope};

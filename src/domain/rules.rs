@@ -121,6 +121,14 @@ pub enum FenceDecision {
 
 /// The fencing check. `lease_of_token` is the (settled) lease that `token`
 /// was issued to, if the resource ever issued it.
+/// Whether a write with `token` can be accepted at all, whatever its lease's
+/// state: it must have been issued and must not be older than the newest
+/// accepted token. `accepted_token` only rises, so once this is false for a
+/// token it stays false.
+pub fn may_accept(token: Token, last_issued: i64, accepted_token: i64) -> bool {
+    token.get() <= last_issued && token.get() >= accepted_token
+}
+
 pub fn decide_fence(
     token: Token,
     last_issued: i64,
@@ -131,7 +139,7 @@ pub fn decide_fence(
     if token.get() > last_issued {
         return FenceDecision::Unknown;
     }
-    if token.get() < accepted_token {
+    if !may_accept(token, last_issued, accepted_token) {
         return FenceDecision::Stale(StaleReason::Superseded);
     }
     match lease_of_token.map(|l| l.state_at(now)) {
@@ -274,6 +282,25 @@ mod tests {
             decide_release(&lease(1, LeaseState::ForceReleased, 1000), at(10)),
             ReleaseDecision::NotActive(LeaseState::ForceReleased)
         );
+    }
+
+    #[test]
+    fn only_issued_tokens_not_older_than_the_accepted_one_may_be_accepted() {
+        let t = Token::from_stored;
+        assert!(may_accept(t(4), 4, 4));
+        assert!(may_accept(t(3), 4, 2));
+        assert!(!may_accept(t(5), 4, 0), "never issued");
+        assert!(!may_accept(t(3), 4, 4), "superseded");
+        // Whatever the lease's state, decide_fence never accepts what
+        // may_accept rules out.
+        let live = lease(3, LeaseState::Active, 1000);
+        for (token, last, accepted) in [(3, 4, 4), (5, 4, 0), (1, 4, 2)] {
+            let accepts = matches!(
+                decide_fence(t(token), last, accepted, Some(&live), at(0)),
+                FenceDecision::Accept { .. }
+            );
+            assert!(!accepts, "token {token}, last {last}, accepted {accepted}");
+        }
     }
 
     #[test]

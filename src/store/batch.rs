@@ -987,6 +987,76 @@ mod tests {
         store.close().await;
     }
 
+    /// Refused writes are answered in the batch without reading the value
+    /// they would have replaced; a write whose token only becomes live
+    /// inside the batch sends the batch down the slow path instead of being
+    /// answered from a value that was never read.
+    async fn refused_writes_skip_the_value_read(store: Store) {
+        let name = |n: &str| ResourceName::parse(n).expect("name");
+        let value = |n: i32| ValueWrite {
+            json: format!("{{\"n\": {n}}}"),
+        };
+        let old = granted(store.acquire(&acquire("refusals")).await.expect("acquire"));
+        store
+            .fence(&old.resource, old.token, Some(&value(1)))
+            .await
+            .expect("write");
+        store.release(&old.lease_id).await.expect("release");
+        let live = granted(store.acquire(&acquire("refusals")).await.expect("acquire"));
+        store
+            .fence(&live.resource, live.token, Some(&value(2)))
+            .await
+            .expect("write");
+        let requests = vec![
+            WriteRequest::Fence(name("refusals"), old.token, Some(value(90))),
+            WriteRequest::Fence(name("refusals"), live.token, Some(value(3))),
+            WriteRequest::Fence(name("refusals"), old.token, Some(value(91))),
+        ];
+        let (batch, answers): (Vec<_>, Vec<_>) = requests.into_iter().map(pending).unzip();
+        let results = match staged_via(&store, &batch, &Waiters::default(), Via::Writer).await {
+            Staged::Committed(results, _) => results,
+            Staged::Retry(why) => panic!("fell back to the slow path: {why}"),
+            Staged::Unavailable(err) | Staged::CommitFailed(err, _) => panic!("failed: {err}"),
+        };
+        let accepted: Vec<bool> = results
+            .into_iter()
+            .map(|r| match r.expect("request") {
+                WriteReply::Fence(r) => matches!(r.outcome, FenceOutcome::Accepted { .. }),
+                other => panic!("unexpected reply {:?}", std::mem::discriminant(&other)),
+            })
+            .collect();
+        assert_eq!(accepted, [false, true, false]);
+        let stored = store
+            .value(&name("refusals"))
+            .await
+            .expect("read")
+            .expect("value");
+        assert_eq!((stored.json.as_str(), stored.version), ("{\"n\": 3}", 3));
+        drop(answers);
+
+        // The next token, presented in the batch that issues it.
+        store.release(&live.lease_id).await.expect("release");
+        let next = Token::from_stored(live.token.get() + 1);
+        let requests = vec![
+            WriteRequest::Acquire(acquire("refusals")),
+            WriteRequest::Fence(name("refusals"), next, Some(value(4))),
+        ];
+        let (batch, answers): (Vec<_>, Vec<_>) = requests.into_iter().map(pending).unzip();
+        match staged_via(&store, &batch, &Waiters::default(), Via::Writer).await {
+            Staged::Retry(why) => assert!(why.contains("value"), "{why}"),
+            Staged::Committed(..) => panic!("answered without the value"),
+            Staged::Unavailable(err) | Staged::CommitFailed(err, _) => panic!("failed: {err}"),
+        }
+        drop(answers);
+        let stored = store
+            .value(&name("refusals"))
+            .await
+            .expect("read")
+            .expect("value");
+        assert_eq!(stored.version, 3, "a retried batch leaves nothing behind");
+        store.close().await;
+    }
+
     /// Requests one at a time, with more writers than traffic: each is
     /// answered at once (a writer forming a batch never waits for another
     /// writer that is itself waiting for a request).
@@ -1323,6 +1393,9 @@ mod tests {
         stored_values_are_loaded_with_the_leases =>
             stored_values_are_loaded_with_the_leases_on_sqlite,
             stored_values_are_loaded_with_the_leases_on_postgres;
+        refused_writes_skip_the_value_read =>
+            refused_writes_skip_the_value_read_on_sqlite,
+            refused_writes_skip_the_value_read_on_postgres;
         lone_requests_are_answered_with_idle_writers =>
             lone_requests_are_answered_with_idle_writers_on_sqlite,
             lone_requests_are_answered_with_idle_writers_on_postgres;

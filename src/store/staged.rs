@@ -29,7 +29,7 @@ use chrono::{DateTime, Utc};
 
 use super::types::{NewEvent, ResourceRow, StoredValue};
 use super::{ResourceTx, StoreError, StoreResult};
-use crate::domain::{Lease, LeaseId, LeaseState, ResourceName, Token};
+use crate::domain::{self, Lease, LeaseId, LeaseState, ResourceName, Token};
 
 /// What a batch will touch, known before anything is locked.
 #[derive(Debug, Default)]
@@ -40,10 +40,9 @@ pub struct Plan {
     lock: BTreeSet<ResourceName>,
     /// Leases named by id (renew, release).
     lease_ids: Vec<LeaseId>,
-    /// Fenced writes: the token each presents, by resource.
-    fences: Vec<(ResourceName, Token)>,
-    /// Resources whose fenced value may be written.
-    values: BTreeSet<ResourceName>,
+    /// Fenced checks and writes: the token each presents, by resource, and
+    /// whether it writes the resource's fenced value.
+    fences: Vec<(ResourceName, Token, bool)>,
 }
 
 impl Plan {
@@ -64,10 +63,7 @@ impl Plan {
 
     pub fn fence(&mut self, name: &ResourceName, token: Token, writes_value: bool) {
         self.lock.insert(name.clone());
-        self.fences.push((name.clone(), token));
-        if writes_value {
-            self.values.insert(name.clone());
-        }
+        self.fences.push((name.clone(), token, writes_value));
     }
 }
 
@@ -244,7 +240,7 @@ impl StagedTx {
         // A fence reads the lease of its own token and, when it refuses,
         // the lease of the token that fenced it out.
         let mut tokens = BTreeSet::new();
-        for (name, token) in &plan.fences {
+        for (name, token, _) in &plan.fences {
             tokens.insert((name.clone(), token.get()));
             if let Some(row) = resources.get(name) {
                 for t in [row.accepted_token, row.last_token] {
@@ -258,7 +254,27 @@ impl StagedTx {
             .iter()
             .map(|(n, t)| (n.clone(), Token::from_stored(*t)))
             .collect();
-        let values_to_load: Vec<ResourceName> = plan.values.iter().cloned().collect();
+        // A value is read only where a write could be accepted: a refused
+        // write never touches it, and a token refused now stays refused.
+        // Resources created by this batch (or without a row) are read as
+        // before: their first token is issued in the batch. Should a request
+        // in this batch raise an existing resource's last token and a write
+        // present the new token, the value is missing and the batch is rerun
+        // the slow way (see `miss`).
+        let values_to_load: Vec<ResourceName> = plan
+            .fences
+            .iter()
+            .filter(|(name, token, writes)| {
+                *writes
+                    && (created.contains(name)
+                        || resources.get(name).is_none_or(|row| {
+                            domain::may_accept(*token, row.last_token, row.accepted_token)
+                        }))
+            })
+            .map(|(name, _, _)| name.clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
         let Loaded {
             now,
             leases,
