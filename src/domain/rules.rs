@@ -119,8 +119,6 @@ pub enum FenceDecision {
     Stale(StaleReason),
 }
 
-/// The fencing check. `lease_of_token` is the (settled) lease that `token`
-/// was issued to, if the resource ever issued it.
 /// Whether a write with `token` can be accepted at all, whatever its lease's
 /// state: it must have been issued and must not be older than the newest
 /// accepted token. `accepted_token` only rises, so once this is false for a
@@ -129,6 +127,8 @@ pub fn may_accept(token: Token, last_issued: i64, accepted_token: i64) -> bool {
     token.get() <= last_issued && token.get() >= accepted_token
 }
 
+/// The fencing check. `lease_of_token` is the (settled) lease that `token`
+/// was issued to, if the resource ever issued it.
 pub fn decide_fence(
     token: Token,
     last_issued: i64,

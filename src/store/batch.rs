@@ -707,6 +707,25 @@ mod tests {
         (Pending { request, reply }, answer)
     }
 
+    fn name(n: &str) -> ResourceName {
+        ResourceName::parse(n).expect("name")
+    }
+
+    fn value(n: i32) -> ValueWrite {
+        ValueWrite {
+            json: format!("{{\"n\": {n}}}"),
+        }
+    }
+
+    /// The results of a batch that must commit on the fast path.
+    fn committed(staged: Staged) -> Vec<StoreResult<WriteReply>> {
+        match staged {
+            Staged::Committed(results, _) => results,
+            Staged::Retry(why) => panic!("fell back to the slow path: {why}"),
+            Staged::Unavailable(err) | Staged::CommitFailed(err, _) => panic!("failed: {err}"),
+        }
+    }
+
     /// One batch: an acquire that fails after writing sits between two good
     /// acquires and a fenced write on a resource acquired in the same batch.
     async fn a_failure_is_undone_alone(store: Store) {
@@ -825,10 +844,6 @@ mod tests {
         short.ttl = Ttl::from_millis(100, Ttl::DEFAULT_MAX).expect("ttl");
         let lapsed = granted(store.acquire(&short).await.expect("acquire"));
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-        let name = |n: &str| ResourceName::parse(n).expect("name");
-        let value = |n: i32| ValueWrite {
-            json: format!("{{\"n\": {n}}}"),
-        };
         let requests = vec![
             WriteRequest::Acquire(acquire("fresh")),
             WriteRequest::Fence(
@@ -861,11 +876,7 @@ mod tests {
             batch.push(p);
             answers.push(a);
         }
-        let results = match staged_via(&store, &batch, &Waiters::default(), via).await {
-            Staged::Committed(results, _) => results,
-            Staged::Retry(why) => panic!("fell back to the slow path: {why}"),
-            Staged::Unavailable(err) | Staged::CommitFailed(err, _) => panic!("failed: {err}"),
-        };
+        let results = committed(staged_via(&store, &batch, &Waiters::default(), via).await);
         let outcomes: Vec<String> = results
             .into_iter()
             .map(|r| match r.expect("request") {
@@ -931,10 +942,6 @@ mod tests {
     /// resource's stored value (versions go on from it), and nothing is
     /// mixed up between resources.
     async fn stored_values_are_loaded_with_the_leases(store: Store) {
-        let name = |n: &str| ResourceName::parse(n).expect("name");
-        let value = |n: i32| ValueWrite {
-            json: format!("{{\"n\": {n}}}"),
-        };
         let a = granted(store.acquire(&acquire("values-a")).await.expect("acquire"));
         let b = granted(store.acquire(&acquire("values-b")).await.expect("acquire"));
         let c = granted(store.acquire(&acquire("values-c")).await.expect("acquire"));
@@ -952,11 +959,7 @@ mod tests {
             WriteRequest::Fence(name("values-a"), a.token, Some(value(11))),
         ];
         let (batch, answers): (Vec<_>, Vec<_>) = requests.into_iter().map(pending).unzip();
-        let results = match staged_via(&store, &batch, &Waiters::default(), Via::Writer).await {
-            Staged::Committed(results, _) => results,
-            Staged::Retry(why) => panic!("fell back to the slow path: {why}"),
-            Staged::Unavailable(err) | Staged::CommitFailed(err, _) => panic!("failed: {err}"),
-        };
+        let results = committed(staged_via(&store, &batch, &Waiters::default(), Via::Writer).await);
         let versions: Vec<Option<i64>> = results
             .into_iter()
             .map(|r| match r.expect("request") {
@@ -992,10 +995,6 @@ mod tests {
     /// inside the batch sends the batch down the slow path instead of being
     /// answered from a value that was never read.
     async fn refused_writes_skip_the_value_read(store: Store) {
-        let name = |n: &str| ResourceName::parse(n).expect("name");
-        let value = |n: i32| ValueWrite {
-            json: format!("{{\"n\": {n}}}"),
-        };
         let old = granted(store.acquire(&acquire("refusals")).await.expect("acquire"));
         store
             .fence(&old.resource, old.token, Some(&value(1)))
@@ -1013,11 +1012,7 @@ mod tests {
             WriteRequest::Fence(name("refusals"), old.token, Some(value(91))),
         ];
         let (batch, answers): (Vec<_>, Vec<_>) = requests.into_iter().map(pending).unzip();
-        let results = match staged_via(&store, &batch, &Waiters::default(), Via::Writer).await {
-            Staged::Committed(results, _) => results,
-            Staged::Retry(why) => panic!("fell back to the slow path: {why}"),
-            Staged::Unavailable(err) | Staged::CommitFailed(err, _) => panic!("failed: {err}"),
-        };
+        let results = committed(staged_via(&store, &batch, &Waiters::default(), Via::Writer).await);
         let accepted: Vec<bool> = results
             .into_iter()
             .map(|r| match r.expect("request") {

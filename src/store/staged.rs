@@ -261,7 +261,7 @@ impl StagedTx {
         // in this batch raise an existing resource's last token and a write
         // present the new token, the value is missing and the batch is rerun
         // the slow way (see `miss`).
-        let values_to_load: Vec<ResourceName> = plan
+        let mut values_to_load: Vec<ResourceName> = plan
             .fences
             .iter()
             .filter(|(name, token, writes)| {
@@ -272,9 +272,9 @@ impl StagedTx {
                         }))
             })
             .map(|(name, _, _)| name.clone())
-            .collect::<BTreeSet<_>>()
-            .into_iter()
             .collect();
+        values_to_load.sort();
+        values_to_load.dedup();
         let Loaded {
             now,
             leases,
