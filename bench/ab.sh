@@ -36,15 +36,7 @@ source "$ROOT/bench/lib.sh"
 # one BINARY BACKEND SCENARIO: ops/s of one run on a fresh database.
 one() {
   PALISADE=$1
-  local url
-  if [[ $2 == postgres ]]; then
-    fresh_pg_db "$PG_DB"
-    url="postgres://postgres@$PG_HOST:$PG_PORT/$PG_DB"
-  else
-    rm -f "$WORK"/ab.db*
-    url="sqlite://$WORK/ab.db"
-  fi
-  start_server "$url"
+  start_fresh "$2"
   local bench=("$PALISADE" bench --server "http://127.0.0.1:$PORT" --scenario "$3"
     --clients "$CLIENTS")
   [[ $WARMUP != 0 ]] && "${bench[@]}" --duration "${WARMUP}s" >/dev/null

@@ -50,14 +50,7 @@ ticks() {
 for backend in $BACKENDS; do
   for scenario in $SCENARIOS; do
     for run in $(seq 1 "$RUNS"); do
-      if [[ $backend == postgres ]]; then
-        fresh_pg_db "$PG_DB"
-        url="postgres://postgres@$PG_HOST:$PG_PORT/$PG_DB"
-      else
-        rm -f "$WORK"/cpu.db*
-        url="sqlite://$WORK/cpu.db"
-      fi
-      start_server "$url"
+      start_fresh "$backend"
       bench=("$PALISADE" bench --server "http://127.0.0.1:$PORT" --scenario "$scenario"
         --clients "$CLIENTS")
       [[ $WARMUP != 0 ]] && "${bench[@]}" --duration "${WARMUP}s" >/dev/null

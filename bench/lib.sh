@@ -1,6 +1,6 @@
-# Shared by bench/compare.sh and bench/ab.sh (sourced, not run). Expects
+# Shared by bench/compare.sh, bench/ab.sh and bench/cpu.sh (sourced, not run). Expects
 # PALISADE (the binary), PORT, WORK (a scratch directory), SERVE_ARGS and
-# PG_HOST/PG_PORT to be set; sets SERVER_PID.
+# PG_HOST/PG_PORT (and PG_DB for start_fresh) to be set; sets SERVER_PID.
 
 psql_q() { psql -q -X -v ON_ERROR_STOP=1 -h "$PG_HOST" -p "$PG_PORT" -U postgres "$@"; }
 
@@ -29,4 +29,16 @@ fresh_pg_db() {
   psql_q -d postgres -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)"
   psql_q -d postgres -c "CREATE DATABASE $1"
   psql_q -d postgres -c "ALTER DATABASE $1 SET synchronous_commit = on"
+}
+
+# start_fresh BACKEND: starts `palisade serve` on an empty database, SQLite
+# in $WORK or PostgreSQL database $PG_DB (dropped and created again).
+start_fresh() {
+  if [[ $1 == postgres ]]; then
+    fresh_pg_db "$PG_DB"
+    start_server "postgres://postgres@$PG_HOST:$PG_PORT/$PG_DB"
+  else
+    rm -f "$WORK"/fresh.db*
+    start_server "sqlite://$WORK/fresh.db"
+  fi
 }
