@@ -30,8 +30,14 @@ use super::types::{NewEvent, ResourceRow, StoredValue};
 use super::{ResourceTx, StoreError, StoreResult, Writes, classify_database_error};
 use crate::domain::{Lease, LeaseId, ResourceName, Token};
 
-/// WAL pages (4 KiB each) after which a commit checkpoints.
-const CHECKPOINT_PAGES: u32 = 10_000;
+/// WAL bytes after which a commit checkpoints.
+const CHECKPOINT_BYTES: u32 = 40 << 20;
+
+/// `PRAGMA wal_autocheckpoint` counts pages: the same bytes whatever the
+/// database's page size (1 KiB for new files, 4 KiB for older ones).
+fn checkpoint_pages(page_size: u32) -> u32 {
+    CHECKPOINT_BYTES / page_size.max(512)
+}
 
 /// The writer connection. Its transactions hold it, so one runs at a time.
 #[derive(Clone)]
@@ -49,11 +55,14 @@ impl DirectWriter {
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
              PRAGMA foreign_keys = ON; PRAGMA temp_store = memory;",
         )?;
-        // Checkpoint every ~40 MB of WAL instead of SQLite's ~4 MB: a page
-        // rewritten by many batches is copied into the database file once
-        // per checkpoint, not once per few batches (SQLite cycles +20–30%
-        // measured; docs/performance.md). The WAL file grows to that size.
-        conn.execute_batch(&format!("PRAGMA wal_autocheckpoint = {CHECKPOINT_PAGES};"))?;
+        // Checkpoint every 40 MiB of WAL instead of SQLite's 1,000 pages: a
+        // page rewritten by many batches is copied into the database file
+        // once per checkpoint, not once per few batches (SQLite cycles
+        // +20–30% measured; docs/performance.md). The WAL file grows to that
+        // size.
+        let page_size: u32 = conn.query_row("PRAGMA page_size", [], |row| row.get(0))?;
+        let pages = checkpoint_pages(page_size);
+        conn.execute_batch(&format!("PRAGMA wal_autocheckpoint = {pages};"))?;
         conn.set_prepared_statement_cache_capacity(64);
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
@@ -403,5 +412,48 @@ impl BatchTx for DirectTx {
             step.check(changed as u64)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sqlite::{NEW_DATABASE_PAGE_SIZE, SqliteBackend};
+
+    async fn page_size_and_checkpoint(path: &Path) -> (u32, u32) {
+        let url = format!("sqlite://{}", path.display());
+        let backend = SqliteBackend::connect(&url).await.expect("connect");
+        let writer = backend.direct_writer().expect("a file").expect("open");
+        let conn = writer.conn.lock().await;
+        let pragma = |name: &str| {
+            conn.query_row(&format!("PRAGMA {name}"), [], |row| row.get(0))
+                .expect("pragma")
+        };
+        (pragma("page_size"), pragma("wal_autocheckpoint"))
+    }
+
+    #[test]
+    fn checkpoints_come_after_the_same_bytes_whatever_the_page_size() {
+        assert_eq!(checkpoint_pages(1024), 40 * 1024);
+        assert_eq!(checkpoint_pages(4096), 10 * 1024);
+        assert_eq!(checkpoint_pages(65536), 640);
+    }
+
+    #[tokio::test]
+    async fn a_new_database_gets_small_pages() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (page_size, checkpoint) = page_size_and_checkpoint(&dir.path().join("new.db")).await;
+        assert_eq!(page_size, NEW_DATABASE_PAGE_SIZE);
+        assert_eq!(checkpoint, checkpoint_pages(NEW_DATABASE_PAGE_SIZE));
+    }
+
+    #[tokio::test]
+    async fn an_existing_database_keeps_its_page_size() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("old.db");
+        Connection::open(&path)
+            .and_then(|c| c.execute_batch("PRAGMA page_size = 4096; PRAGMA journal_mode = WAL;"))
+            .expect("an older database");
+        assert_eq!(page_size_and_checkpoint(&path).await, (4096, 10 * 1024));
     }
 }
