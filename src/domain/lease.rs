@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
 use rand::RngCore;
@@ -48,7 +49,15 @@ impl fmt::Display for Token {
     }
 }
 
-/// The holder's secret proof of ownership: 128 random bits, hex-encoded.
+/// The holder's secret proof of ownership, 32 hex digits: the issuing
+/// instance's clock in milliseconds (48 bits), then 80 random bits.
+///
+/// The random bits are the secret. The time prefix only puts ids issued
+/// close together next to each other in the leases primary key, so an
+/// acquire appends to the index's last page instead of dirtying a random one
+/// (SQLite cycles +12% in alternating pairs; docs/performance.md). Nothing
+/// reads the time back: expiry runs on the database's clock, and an
+/// instance whose clock is off only inserts a little away from the end.
 /// It is returned only to the acquirer and never logged or put in events.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct LeaseId(String);
@@ -57,8 +66,20 @@ impl LeaseId {
     const HEX_LEN: usize = 32;
 
     pub fn generate() -> Self {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as u64);
+        let mut secret = [0u8; 10];
+        rand::rng().fill_bytes(&mut secret);
+        Self::from_parts(now_ms, secret)
+    }
+
+    /// The low 48 bits of `ms` (big-endian, so ids sort by time until the
+    /// year 10889), then `secret`.
+    fn from_parts(ms: u64, secret: [u8; 10]) -> Self {
         let mut bytes = [0u8; 16];
-        rand::rng().fill_bytes(&mut bytes);
+        bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+        bytes[6..].copy_from_slice(&secret);
         Self(hex::encode(bytes))
     }
 
@@ -187,6 +208,24 @@ mod tests {
         assert!(Token::parse(0).is_err());
         assert!(Token::parse(-3).is_err());
         assert_eq!(Token::parse(9).map(Token::get), Ok(9));
+    }
+
+    #[test]
+    fn lease_ids_sort_by_time_and_end_in_the_secret() {
+        let early = LeaseId::from_parts(1_764_000_000_000, [0xff; 10]);
+        let later = LeaseId::from_parts(1_764_000_000_001, [0; 10]);
+        assert!(early.as_str() < later.as_str());
+        assert_eq!(early.as_str(), "019ab697e800ffffffffffffffffffff");
+        assert_eq!(LeaseId::parse(later.as_str()).as_ref(), Some(&later));
+        // Issued together, two ids share the time and differ in the secret.
+        let (a, b) = (LeaseId::generate(), LeaseId::generate());
+        assert_ne!(&a.as_str()[12..], &b.as_str()[12..]);
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let issued = u64::from_str_radix(&a.as_str()[..12], 16).unwrap();
+        assert!(issued <= now_ms && now_ms - issued < 60_000);
     }
 
     #[test]
