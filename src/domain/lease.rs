@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
 use rand::RngCore;
@@ -66,9 +65,7 @@ impl LeaseId {
     const HEX_LEN: usize = 32;
 
     pub fn generate() -> Self {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_millis() as u64);
+        let now_ms = u64::try_from(Utc::now().timestamp_millis()).unwrap_or(0);
         let mut secret = [0u8; 10];
         rand::rng().fill_bytes(&mut secret);
         Self::from_parts(now_ms, secret)
@@ -220,11 +217,8 @@ mod tests {
         // Issued together, two ids share the time and differ in the secret.
         let (a, b) = (LeaseId::generate(), LeaseId::generate());
         assert_ne!(&a.as_str()[12..], &b.as_str()[12..]);
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as u64;
-        let issued = u64::from_str_radix(&a.as_str()[..12], 16).unwrap();
+        let now_ms = Utc::now().timestamp_millis();
+        let issued = i64::from_str_radix(&a.as_str()[..12], 16).unwrap();
         assert!(issued <= now_ms && now_ms - issued < 60_000);
     }
 

@@ -186,8 +186,9 @@ impl SqliteBackend {
             .pragma("temp_store", "memory")
             // A new database gets 1 KiB pages instead of 4 KiB: a cycle
             // dirties ~15 pages spread over the tables and indexes, so its
-            // WAL frames are a quarter of the bytes (SQLite cycles +17% in
-            // alternating pairs; docs/performance.md). An existing database
+            // WAL frames are a quarter of the bytes (SQLite cycles +23% in
+            // alternating pairs, checkpointing after the same 40 MiB;
+            // docs/performance.md). An existing database
             // keeps its page size (WAL mode cannot change it).
             .page_size(NEW_DATABASE_PAGE_SIZE);
         let writer = SqlitePoolOptions::new()
