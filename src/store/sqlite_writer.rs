@@ -432,6 +432,24 @@ mod tests {
         (pragma("page_size"), pragma("wal_autocheckpoint"))
     }
 
+    /// .cargo/config.toml's LIBSQLITE3_FLAGS reached the bundled SQLite
+    /// (rusqlite and sqlx link the same one). HAVE_FDATASYNC, set with it,
+    /// is not among SQLite's reported options.
+    #[test]
+    fn the_bundled_sqlite_is_built_with_the_projects_flags() {
+        let conn = Connection::open_in_memory().expect("open");
+        let mut options = conn.prepare("PRAGMA compile_options").expect("pragma");
+        let options: Vec<String> = options
+            .query_map([], |row| row.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert!(
+            options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+            "{options:?}"
+        );
+    }
+
     #[test]
     fn checkpoints_come_after_the_same_bytes_whatever_the_page_size() {
         assert_eq!(checkpoint_pages(1024), 40 * 1024);
