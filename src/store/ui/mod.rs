@@ -405,13 +405,7 @@ mod tests {
             ("w/a", renewed, to - ms(1)),                   // 8: in
             ("w/a", renewed, to + Duration::minutes(20)),   // 9: after
         ];
-        match &store {
-            Store::Sqlite(b) => match b.direct_writer() {
-                Some(writer) => record(&writer.expect("writer"), &events).await,
-                None => record(b, &events).await,
-            },
-            Store::Postgres(b) => record(b, &events).await,
-        }
+        record_on(&store, &events).await;
         let detail = |e: &Event| e.detail["n"].as_i64().expect("n");
         let window = store
             .events_in_window("w/a", &[renewed, accepted], from, to, 10)
@@ -445,10 +439,66 @@ mod tests {
         store.close().await;
     }
 
+    async fn record_on(store: &Store, events: &[(&str, EventKind, DateTime<Utc>)]) {
+        match store {
+            Store::Sqlite(b) => match b.direct_writer() {
+                Some(writer) => record(&writer.expect("writer"), events).await,
+                None => record(b, events).await,
+            },
+            Store::Postgres(b) => record(b, events).await,
+        }
+    }
+
+    /// The overview counts exactly the last hour's events of its kinds,
+    /// also one recorded before older ones near the hour's start (out of
+    /// time order by less than [`WINDOW_ID_SLACK_MS`]).
+    async fn the_overview_counts_exactly_the_last_hour(store: Store) {
+        let now = store.db_now().await.expect("now");
+        let ago = |minutes: i64| now - Duration::minutes(minutes);
+        let (acquired, expired) = (EventKind::Acquired, EventKind::Expired);
+        let rejected = EventKind::WriteRejected;
+        record_on(
+            &store,
+            &[
+                ("o/b", acquired, ago(120)),          // long before
+                ("o/a", acquired, ago(59)),           // in: only the slack finds it
+                ("o/b", acquired, ago(65)),           // before the hour
+                ("o/b", rejected, ago(61)),           // before the hour
+                ("o/a", expired, ago(30)),            // in
+                ("o/a", EventKind::Renewed, ago(20)), // not an overview kind
+                ("o/a", rejected, ago(1)),            // in
+            ],
+        )
+        .await;
+        let overview = store.overview(10).await.expect("overview");
+        let totals: Vec<(EventKind, i64)> = overview
+            .series
+            .iter()
+            .map(|s| (s.kind, s.per_minute.iter().sum()))
+            .collect();
+        assert_eq!(totals, [(acquired, 1), (expired, 1), (rejected, 1)]);
+        let contended: Vec<(&str, i64, i64, i64)> = overview
+            .contended
+            .iter()
+            .map(|c| {
+                (
+                    c.resource.as_str(),
+                    c.acquisitions,
+                    c.expiries,
+                    c.rejections,
+                )
+            })
+            .collect();
+        assert_eq!(contended, [("o/a", 1, 1, 1)]);
+        store.close().await;
+    }
+
     crate::store::on_both_backends! {
         "ui":
         a_window_holds_exactly_its_events => a_window_holds_exactly_its_events_on_sqlite,
             a_window_holds_exactly_its_events_on_postgres;
+        the_overview_counts_exactly_the_last_hour => the_overview_counts_exactly_the_last_hour_on_sqlite,
+            the_overview_counts_exactly_the_last_hour_on_postgres;
     }
 
     #[test]

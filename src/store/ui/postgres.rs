@@ -57,6 +57,25 @@ fn push_kinds(q: &mut QueryBuilder<'_, Postgres>, kinds: &[EventKind]) {
     q.push(")");
 }
 
+/// ` AND id > ` the last event recorded [`WINDOW_ID_SLACK_MS`] before
+/// `from`: with `at >= from`, reads a window's events through an index
+/// ending in `id` (found by time through `(at, id)`).
+fn push_ids_from(q: &mut QueryBuilder<'_, Postgres>, from: DateTime<Utc>) {
+    let slack = Duration::milliseconds(WINDOW_ID_SLACK_MS);
+    q.push(" AND id > coalesce((SELECT id FROM events WHERE at < ")
+        .push_bind(from.checked_sub_signed(slack).unwrap_or(from))
+        .push(" ORDER BY at DESC, id DESC LIMIT 1), 0)");
+}
+
+/// ` AND id < ` the first event recorded [`WINDOW_ID_SLACK_MS`] after
+/// `to`: the other end of [`push_ids_from`]'s window.
+fn push_ids_until(q: &mut QueryBuilder<'_, Postgres>, to: DateTime<Utc>) {
+    let slack = Duration::milliseconds(WINDOW_ID_SLACK_MS);
+    q.push(" AND id < coalesce((SELECT id FROM events WHERE at >= ")
+        .push_bind(to.checked_add_signed(slack).unwrap_or(to))
+        .push(" ORDER BY at, id LIMIT 1), 9223372036854775807)");
+}
+
 /// Up to this many resources matching a prefix, the events page reads each
 /// one's index; beyond it, matches are dense enough to scan the log by id.
 const PREFIX_FANOUT: i64 = 200;
@@ -157,19 +176,13 @@ impl UiReads for PgBackend {
         to: DateTime<Utc>,
         limit: i64,
     ) -> StoreResult<Vec<Event>> {
-        let slack = Duration::milliseconds(WINDOW_ID_SLACK_MS);
         let mut q = QueryBuilder::<Postgres>::new(format!(
             "SELECT {EVENT_COLUMNS} FROM events WHERE resource = "
         ));
-        q.push_bind(resource.to_owned())
-            .push(" AND id > coalesce((SELECT id FROM events WHERE at < ")
-            .push_bind(from.checked_sub_signed(slack).unwrap_or(from))
-            .push(
-                " ORDER BY at DESC, id DESC LIMIT 1), 0) \
-                 AND id < coalesce((SELECT id FROM events WHERE at >= ",
-            )
-            .push_bind(to.checked_add_signed(slack).unwrap_or(to))
-            .push(" ORDER BY at, id LIMIT 1), 9223372036854775807) AND at >= ")
+        q.push_bind(resource.to_owned());
+        push_ids_from(&mut q, from);
+        push_ids_until(&mut q, to);
+        q.push(" AND at >= ")
             .push_bind(from)
             .push(" AND at < ")
             .push_bind(to);
@@ -243,31 +256,39 @@ impl UiReads for PgBackend {
         let resources: i64 = sqlx::query_scalar("SELECT count(*) FROM resources")
             .fetch_one(self.pool())
             .await?;
+        // Both read the hour through the (kind, id) index, which carries
+        // at, resource and holder, from an id bound found by time.
         let mut q = QueryBuilder::<Postgres>::new("SELECT kind, floor(extract(epoch FROM at - ");
         q.push_bind(from_ms)
-            .push(") / 60)::bigint AS minute, count(*) FROM events WHERE at >= ")
+            .push(") / 60)::bigint AS minute, count(*) FROM events WHERE true");
+        push_kinds(&mut q, &OVERVIEW_KINDS);
+        push_ids_from(&mut q, from_ms);
+        q.push(" AND at >= ")
             .push_bind(from_ms)
             .push(" AND at <= ")
-            .push_bind(now_ms);
-        push_kinds(&mut q, &OVERVIEW_KINDS);
-        q.push(" GROUP BY kind, minute");
+            .push_bind(now_ms)
+            .push(" GROUP BY kind, minute");
         let counts: Vec<(String, i64, i64)> = q.build_query_as().fetch_all(self.pool()).await?;
-        let contended: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
+        let mut q = QueryBuilder::<Postgres>::new(
             "SELECT resource, \
                count(*) FILTER (WHERE kind = 'acquired') AS acquisitions, \
                count(DISTINCT holder) FILTER (WHERE kind = 'acquired') AS holders, \
                count(*) FILTER (WHERE kind = 'expired') AS expiries, \
                count(*) FILTER (WHERE kind = 'write_rejected') AS rejections \
-             FROM events WHERE kind IN ('acquired', 'expired', 'write_rejected') AND at >= $1 \
-             GROUP BY resource \
-             ORDER BY holders DESC, \
-               count(*) FILTER (WHERE kind IN ('acquired', 'write_rejected')) DESC, resource \
-             LIMIT $2",
-        )
-        .bind(from_ms)
-        .bind(contended_limit)
-        .fetch_all(self.pool())
-        .await?;
+             FROM events WHERE kind IN ('acquired', 'expired', 'write_rejected')",
+        );
+        push_ids_from(&mut q, from_ms);
+        q.push(" AND at >= ")
+            .push_bind(from_ms)
+            .push(
+                " GROUP BY resource \
+                 ORDER BY holders DESC, \
+                   count(*) FILTER (WHERE kind IN ('acquired', 'write_rejected')) DESC, resource \
+                 LIMIT ",
+            )
+            .push_bind(contended_limit);
+        let contended: Vec<(String, i64, i64, i64, i64)> =
+            q.build_query_as().fetch_all(self.pool()).await?;
         let latest_rejections = self
             .query_events(&EventQuery {
                 kinds: vec![EventKind::WriteRejected],

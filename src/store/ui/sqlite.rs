@@ -60,6 +60,23 @@ fn push_kinds(q: &mut QueryBuilder<'_, Sqlite>, kinds: &[EventKind]) {
     q.push(")");
 }
 
+/// ` AND id > ` the last event recorded [`WINDOW_ID_SLACK_MS`] before
+/// `from_ms`: with `at >= from_ms`, reads a window's events through an
+/// index ending in `id` (found by time through `(at, id)`).
+fn push_ids_from(q: &mut QueryBuilder<'_, Sqlite>, from_ms: i64) {
+    q.push(" AND id > coalesce((SELECT id FROM events INDEXED BY events_by_time WHERE at < ")
+        .push_bind(from_ms.saturating_sub(WINDOW_ID_SLACK_MS))
+        .push(" ORDER BY at DESC, id DESC LIMIT 1), 0)");
+}
+
+/// ` AND id < ` the first event recorded [`WINDOW_ID_SLACK_MS`] after
+/// `to_ms`: the other end of [`push_ids_from`]'s window.
+fn push_ids_until(q: &mut QueryBuilder<'_, Sqlite>, to_ms: i64) {
+    q.push(" AND id < coalesce((SELECT id FROM events INDEXED BY events_by_time WHERE at >= ")
+        .push_bind(to_ms.saturating_add(WINDOW_ID_SLACK_MS))
+        .push(" ORDER BY at, id LIMIT 1), 9223372036854775807)");
+}
+
 impl UiReads for SqliteBackend {
     async fn db_now(&self) -> StoreResult<DateTime<Utc>> {
         let ms: i64 = sqlx::query_scalar(&format!("SELECT {NOW_MS}"))
@@ -148,19 +165,10 @@ impl UiReads for SqliteBackend {
             "SELECT {EVENT_COLUMNS} FROM events INDEXED BY events_by_resource \
              WHERE resource = "
         ));
-        q.push_bind(resource.to_owned())
-            .push(
-                " AND id > coalesce((SELECT id FROM events INDEXED BY events_by_time \
-                 WHERE at < ",
-            )
-            .push_bind(from_ms.saturating_sub(WINDOW_ID_SLACK_MS))
-            .push(
-                " ORDER BY at DESC, id DESC LIMIT 1), 0) \
-                 AND id < coalesce((SELECT id FROM events INDEXED BY events_by_time \
-                 WHERE at >= ",
-            )
-            .push_bind(to_ms.saturating_add(WINDOW_ID_SLACK_MS))
-            .push(" ORDER BY at, id LIMIT 1), 9223372036854775807) AND at >= ")
+        q.push_bind(resource.to_owned());
+        push_ids_from(&mut q, from_ms);
+        push_ids_until(&mut q, to_ms);
+        q.push(" AND at >= ")
             .push_bind(from_ms)
             .push(" AND at < ")
             .push_bind(to_ms);
@@ -212,32 +220,40 @@ impl UiReads for SqliteBackend {
         let resources: i64 = sqlx::query_scalar("SELECT count(*) FROM resources")
             .fetch_one(self.readers())
             .await?;
+        // Both read the hour through the covering (kind, id, at, resource,
+        // holder) index, from an id bound found by time; left to itself the
+        // planner prefers a skip-scan of another index, several times slower.
         let mut q = QueryBuilder::<Sqlite>::new("SELECT kind, (at - ");
-        q.push_bind(from_ms)
-            .push(") / 60000 AS minute, count(*) FROM events WHERE at >= ")
+        q.push_bind(from_ms).push(
+            ") / 60000 AS minute, count(*) FROM events INDEXED BY events_by_kind WHERE 1 = 1",
+        );
+        push_kinds(&mut q, &OVERVIEW_KINDS);
+        push_ids_from(&mut q, from_ms);
+        q.push(" AND at >= ")
             .push_bind(from_ms)
             .push(" AND at <= ")
-            .push_bind(now_ms);
-        push_kinds(&mut q, &OVERVIEW_KINDS);
-        q.push(" GROUP BY kind, minute");
+            .push_bind(now_ms)
+            .push(" GROUP BY kind, minute");
         let counts: Vec<(String, i64, i64)> = q.build_query_as().fetch_all(self.readers()).await?;
-        // The planner prefers a skip-scan of another index, five times
-        // slower than the covering (kind, at, resource, holder) one.
-        let contended: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
+        let mut q = QueryBuilder::<Sqlite>::new(
             "SELECT resource, \
                sum(kind = 'acquired') AS acquisitions, \
                count(DISTINCT CASE WHEN kind = 'acquired' THEN holder END) AS holders, \
                sum(kind = 'expired') AS expiries, \
                sum(kind = 'write_rejected') AS rejections \
-             FROM events INDEXED BY events_by_kind_time \
-             WHERE kind IN ('acquired', 'expired', 'write_rejected') AND at >= ? \
-             GROUP BY resource \
-             ORDER BY holders DESC, acquisitions + rejections DESC, resource LIMIT ?",
-        )
-        .bind(from_ms)
-        .bind(contended_limit)
-        .fetch_all(self.readers())
-        .await?;
+             FROM events INDEXED BY events_by_kind \
+             WHERE kind IN ('acquired', 'expired', 'write_rejected')",
+        );
+        push_ids_from(&mut q, from_ms);
+        q.push(" AND at >= ")
+            .push_bind(from_ms)
+            .push(
+                " GROUP BY resource \
+                 ORDER BY holders DESC, acquisitions + rejections DESC, resource LIMIT ",
+            )
+            .push_bind(contended_limit);
+        let contended: Vec<(String, i64, i64, i64, i64)> =
+            q.build_query_as().fetch_all(self.readers()).await?;
         let latest_rejections = self
             .query_events(&EventQuery {
                 kinds: vec![EventKind::WriteRejected],
