@@ -5,8 +5,8 @@ use sqlx::{Postgres, QueryBuilder};
 
 use super::{
     Contended, EventQuery, HeldFilter, OVERVIEW_KINDS, OVERVIEW_MINUTES, Overview, PublicLease,
-    PublicLeaseRow, ResourceOrder, ResourcePage, ResourceQuery, ResourceSummaryRow, UiReads,
-    WINDOW_ID_SLACK_MS, series_from_counts,
+    PublicLeaseRow, ResourceOrder, ResourcePage, ResourceQuery, ResourceSummaryRow,
+    TOKEN_INDEXED_KINDS, UiReads, WINDOW_ID_SLACK_MS, series_from_counts,
 };
 use crate::domain::EventKind;
 use crate::store::postgres::PgBackend;
@@ -92,6 +92,64 @@ fn push_event_filters(q: &mut QueryBuilder<'_, Postgres>, query: &EventQuery) {
     if let Some(before) = query.before {
         q.push(" AND id < ").push_bind(before);
     }
+}
+
+fn push_prefix(q: &mut QueryBuilder<'_, Postgres>, query: &EventQuery) {
+    if let Some(prefix) = query.resource_prefix.as_deref().filter(|p| !p.is_empty()) {
+        q.push(" AND starts_with(resource, ")
+            .push_bind(prefix.to_owned())
+            .push(")");
+    }
+}
+
+/// The events of `resource` with `token` that `query` asks for, as
+/// [`TOKEN_INDEXED_KINDS`] says: those between the token's `acquired` event
+/// (or the oldest kept, if it was pruned) and the next token's, through
+/// `(resource, id)`, and outside that range its rejections, through the
+/// partial `(resource, token, id)` index. To be ordered and limited.
+fn push_lease_story(
+    q: &mut QueryBuilder<'_, Postgres>,
+    resource: &str,
+    token: i64,
+    query: &EventQuery,
+) {
+    let issued = |q: &mut QueryBuilder<'_, Postgres>, op: &str| {
+        q.push("(SELECT id FROM events WHERE resource = ")
+            .push_bind(resource.to_owned())
+            .push(format!(
+                " AND {TOKEN_INDEXED_KINDS} AND kind = 'acquired' AND token {op} "
+            ))
+            .push_bind(token)
+            .push(" ORDER BY token, id LIMIT 1)");
+    };
+    q.push("WITH span AS MATERIALIZED (SELECT coalesce(");
+    issued(q, "=");
+    q.push(", 0) AS lo, coalesce(");
+    issued(q, ">");
+    // The bounds as row comparisons, which only the (resource, id) index
+    // can serve: on plain id bounds the planner, not knowing them, may
+    // range-scan the primary key through every resource's events.
+    q.push(format!(
+        ", 9223372036854775807) AS hi) \
+         SELECT {EVENT_COLUMNS} FROM span, events WHERE resource = "
+    ))
+    .push_bind(resource.to_owned())
+    .push(" AND (resource, id) >= (")
+    .push_bind(resource.to_owned())
+    .push("::text, span.lo) AND (resource, id) < (")
+    .push_bind(resource.to_owned())
+    .push("::text, span.hi)");
+    push_prefix(q, query);
+    push_event_filters(q, query);
+    q.push(format!(
+        " UNION ALL SELECT {EVENT_COLUMNS} FROM span, events WHERE resource = "
+    ))
+    .push_bind(resource.to_owned())
+    .push(format!(
+        " AND {TOKEN_INDEXED_KINDS} AND NOT (id >= span.lo AND id < span.hi)"
+    ));
+    push_prefix(q, query);
+    push_event_filters(q, query);
 }
 
 impl UiReads for PgBackend {
@@ -226,18 +284,17 @@ impl UiReads for PgBackend {
                 return rows.into_iter().map(EventRow::into_event).collect();
             }
         }
-        let mut q = QueryBuilder::<Postgres>::new(format!(
-            "SELECT {EVENT_COLUMNS} FROM events WHERE 1 = 1"
-        ));
-        if let Some(resource) = &query.resource {
-            q.push(" AND resource = ").push_bind(resource.clone());
+        let mut q = QueryBuilder::<Postgres>::new("");
+        if let (Some(resource), Some(token)) = (&query.resource, query.token) {
+            push_lease_story(&mut q, resource, token, query);
+        } else {
+            q.push(format!("SELECT {EVENT_COLUMNS} FROM events WHERE true"));
+            if let Some(resource) = &query.resource {
+                q.push(" AND resource = ").push_bind(resource.clone());
+            }
+            push_prefix(&mut q, query);
+            push_event_filters(&mut q, query);
         }
-        if let Some(prefix) = query.resource_prefix.as_deref().filter(|p| !p.is_empty()) {
-            q.push(" AND starts_with(resource, ")
-                .push_bind(prefix.to_owned())
-                .push(")");
-        }
-        push_event_filters(&mut q, query);
         q.push(" ORDER BY id DESC LIMIT ").push_bind(limit);
         let rows: Vec<EventRow<DateTime<Utc>>> = q.build_query_as().fetch_all(self.pool()).await?;
         rows.into_iter().map(EventRow::into_event).collect()

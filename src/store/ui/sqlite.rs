@@ -5,8 +5,8 @@ use sqlx::{QueryBuilder, Sqlite};
 
 use super::{
     Contended, EventQuery, HeldFilter, OVERVIEW_KINDS, OVERVIEW_MINUTES, Overview, PublicLease,
-    PublicLeaseRow, ResourceOrder, ResourcePage, ResourceQuery, ResourceSummaryRow, UiReads,
-    WINDOW_ID_SLACK_MS, series_from_counts,
+    PublicLeaseRow, ResourceOrder, ResourcePage, ResourceQuery, ResourceSummaryRow,
+    TOKEN_INDEXED_KINDS, UiReads, WINDOW_ID_SLACK_MS, series_from_counts,
 };
 use crate::domain::EventKind;
 use crate::store::rows::{DbTime, EventRow, unix_ms};
@@ -75,6 +75,69 @@ fn push_ids_until(q: &mut QueryBuilder<'_, Sqlite>, to_ms: i64) {
     q.push(" AND id < coalesce((SELECT id FROM events INDEXED BY events_by_time WHERE at >= ")
         .push_bind(to_ms.saturating_add(WINDOW_ID_SLACK_MS))
         .push(" ORDER BY at, id LIMIT 1), 9223372036854775807)");
+}
+
+/// The filters of `query` other than its resource.
+fn push_event_filters(q: &mut QueryBuilder<'_, Sqlite>, query: &EventQuery) {
+    if let Some(prefix) = query.resource_prefix.as_deref().filter(|p| !p.is_empty()) {
+        q.push(" AND resource >= ")
+            .push_bind(prefix.to_owned())
+            .push(" AND resource < ")
+            .push_bind(prefix_upper_bound(prefix));
+    }
+    push_kinds(q, &query.kinds);
+    if let Some(holder) = &query.holder {
+        q.push(" AND holder = ").push_bind(holder.clone());
+    }
+    if let Some(token) = query.token {
+        q.push(" AND token = ").push_bind(token);
+    }
+    if let Some(before) = query.before {
+        q.push(" AND id < ").push_bind(before);
+    }
+}
+
+/// The events of `resource` with `token` that `query` asks for, as
+/// [`TOKEN_INDEXED_KINDS`] says: those between the token's `acquired` event
+/// (or the oldest kept, if it was pruned) and the next token's, through
+/// `(resource, id)`, and outside that range its rejections, through the
+/// partial `(resource, token, id)` index. To be ordered and limited.
+fn push_lease_story(
+    q: &mut QueryBuilder<'_, Sqlite>,
+    resource: &str,
+    token: i64,
+    query: &EventQuery,
+) {
+    let issued = |q: &mut QueryBuilder<'_, Sqlite>, op: &str| {
+        q.push("(SELECT id FROM events INDEXED BY events_by_resource_token WHERE resource = ")
+            .push_bind(resource.to_owned())
+            .push(format!(
+                " AND {TOKEN_INDEXED_KINDS} AND kind = 'acquired' AND token {op} "
+            ))
+            .push_bind(token)
+            .push(" ORDER BY token, id LIMIT 1)");
+    };
+    q.push("WITH span AS (SELECT coalesce(");
+    issued(q, "=");
+    q.push(", 0) AS lo, coalesce(");
+    issued(q, ">");
+    q.push(format!(
+        ", 9223372036854775807) AS hi) \
+         SELECT {EVENT_COLUMNS} FROM span, events INDEXED BY events_by_resource \
+         WHERE resource = "
+    ))
+    .push_bind(resource.to_owned())
+    .push(" AND id >= span.lo AND id < span.hi");
+    push_event_filters(q, query);
+    q.push(format!(
+        " UNION ALL SELECT {EVENT_COLUMNS} FROM span, events INDEXED BY events_by_resource_token \
+         WHERE resource = "
+    ))
+    .push_bind(resource.to_owned())
+    .push(format!(
+        " AND {TOKEN_INDEXED_KINDS} AND NOT (id >= span.lo AND id < span.hi)"
+    ));
+    push_event_filters(q, query);
 }
 
 impl UiReads for SqliteBackend {
@@ -180,26 +243,15 @@ impl UiReads for SqliteBackend {
     }
 
     async fn query_events(&self, query: &EventQuery) -> StoreResult<Vec<Event>> {
-        let mut q =
-            QueryBuilder::<Sqlite>::new(format!("SELECT {EVENT_COLUMNS} FROM events WHERE 1 = 1"));
-        if let Some(resource) = &query.resource {
-            q.push(" AND resource = ").push_bind(resource.clone());
-        }
-        if let Some(prefix) = query.resource_prefix.as_deref().filter(|p| !p.is_empty()) {
-            q.push(" AND resource >= ")
-                .push_bind(prefix.to_owned())
-                .push(" AND resource < ")
-                .push_bind(prefix_upper_bound(prefix));
-        }
-        push_kinds(&mut q, &query.kinds);
-        if let Some(holder) = &query.holder {
-            q.push(" AND holder = ").push_bind(holder.clone());
-        }
-        if let Some(token) = query.token {
-            q.push(" AND token = ").push_bind(token);
-        }
-        if let Some(before) = query.before {
-            q.push(" AND id < ").push_bind(before);
+        let mut q = QueryBuilder::<Sqlite>::new("");
+        if let (Some(resource), Some(token)) = (&query.resource, query.token) {
+            push_lease_story(&mut q, resource, token, query);
+        } else {
+            q.push(format!("SELECT {EVENT_COLUMNS} FROM events WHERE 1 = 1"));
+            if let Some(resource) = &query.resource {
+                q.push(" AND resource = ").push_bind(resource.clone());
+            }
+            push_event_filters(&mut q, query);
         }
         q.push(" ORDER BY id DESC LIMIT ")
             .push_bind(query.limit.clamp(1, super::MAX_PAGE * 2));
