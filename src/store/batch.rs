@@ -684,6 +684,7 @@ mod tests {
     use crate::store::postgres::PgBackend;
     use crate::store::sqlite::SqliteBackend;
     use crate::store::sqlite_writer::DirectWriter;
+    use crate::store::staged::AfterLock;
 
     fn acquire(resource: &str) -> AcquireRequest {
         AcquireRequest {
@@ -1188,12 +1189,17 @@ mod tests {
 
     /// A batch's load, run after its lock statement waited for a row lock,
     /// sees what the lock's holder committed (on PostgreSQL the load is a
-    /// statement of its own, with a snapshot taken after the lock).
+    /// statement of its own, with a snapshot taken after the lock), and the
+    /// tokens it reads follow the committed row.
     async fn a_load_after_a_lock_wait_sees_the_holders_commit(store: Store) {
         let name = ResourceName::parse("contended").expect("name");
         let first = granted(store.acquire(&acquire("contended")).await.expect("acquire"));
         store.release(&first.lease_id).await.expect("release");
-        async fn race<B: Writes + Clone + 'static>(b: &B, name: &ResourceName) -> Vec<Lease> {
+        async fn race<B: Writes + Clone + 'static>(
+            b: &B,
+            name: &ResourceName,
+            fence: Token,
+        ) -> (Vec<ResourceRow>, AfterLock, Vec<Lease>) {
             let mut holder = b.begin_write().await.expect("begin");
             let won = ops::acquire_in(&mut holder, &acquire(name.as_str()))
                 .await
@@ -1204,9 +1210,17 @@ mod tests {
                 let name = name.clone();
                 tokio::spawn(async move {
                     let mut tx = b.begin_write().await.expect("begin");
-                    let names = [name];
-                    tx.lock_resources(&names, &names, &[]).await.expect("lock");
-                    tx.load_leases(&names, &[], &[]).await.expect("load").1
+                    let names = [name.clone()];
+                    // A write fenced with the first token, now superseded.
+                    let fences = [(name, fence, true)];
+                    let (rows, created) =
+                        tx.lock_resources(&names, &names, &[]).await.expect("lock");
+                    let after = AfterLock::new(&names, &fences, &rows, &created);
+                    let loaded = tx
+                        .load(&after.lock, &[], &after.tokens, &after.values)
+                        .await
+                        .expect("load");
+                    (rows, after, loaded.leases)
                 })
             };
             tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -1214,16 +1228,38 @@ mod tests {
             B::commit(holder).await.expect("commit");
             waiter.await.expect("waiter")
         }
-        let leases = match &store {
-            Store::Sqlite(b) => race(b, &name).await,
-            Store::Postgres(b) => race(b, &name).await,
+        let (rows, after, leases) = match &store {
+            Store::Sqlite(b) => race(b, &name, first.token).await,
+            Store::Postgres(b) => race(b, &name, first.token).await,
         };
+        let second = first.token.get() + 1;
+        assert_eq!(rows.len(), 1);
+        assert_eq!(
+            rows[0].last_token, second,
+            "the locked row is the committed one"
+        );
         let active: Vec<&Lease> = leases
             .iter()
             .filter(|l| l.state == LeaseState::Active)
             .collect();
         assert_eq!(active.len(), 1, "the committed lease is seen: {leases:?}");
-        assert_eq!(active[0].token.get(), first.token.get() + 1);
+        assert_eq!(active[0].token.get(), second);
+        // The fence's own token and the resource's last token are known;
+        // no write was accepted yet, so the old token's write may be, and
+        // its value (none yet) is read.
+        let tokens: Vec<i64> = after.tokens.iter().map(|(_, t)| t.get()).collect();
+        assert_eq!(tokens, vec![first.token.get(), second]);
+        assert_eq!(after.values, vec![name.clone()]);
+        let mut by_token: Vec<(i64, LeaseState)> =
+            leases.iter().map(|l| (l.token.get(), l.state)).collect();
+        by_token.sort_by_key(|(t, _)| *t);
+        assert_eq!(
+            by_token,
+            vec![
+                (first.token.get(), LeaseState::Released),
+                (second, LeaseState::Active)
+            ]
+        );
         store.close().await;
     }
 

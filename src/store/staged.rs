@@ -183,6 +183,75 @@ pub struct Loaded {
     pub values: Vec<(ResourceName, StoredValue)>,
 }
 
+/// What a batch loads once its locks are held, worked out from the locked
+/// rows: the resources whose active lease it knows, the (resource, token)
+/// pairs whose lease (or its absence) it knows, and the fenced values it
+/// reads.
+#[derive(Debug, PartialEq, Eq)]
+pub struct AfterLock {
+    /// Sorted.
+    pub lock: Vec<ResourceName>,
+    /// Sorted, without duplicates.
+    pub tokens: Vec<(ResourceName, Token)>,
+    /// Sorted, without duplicates.
+    pub values: Vec<ResourceName>,
+}
+
+impl AfterLock {
+    /// `lock` and `fences` as planned; `rows` and `created` as the lock
+    /// returned them.
+    pub fn new(
+        lock: &[ResourceName],
+        fences: &[(ResourceName, Token, bool)],
+        rows: &[ResourceRow],
+        created: &[ResourceName],
+    ) -> Self {
+        let mut locked: BTreeSet<ResourceName> = lock.iter().cloned().collect();
+        locked.extend(rows.iter().map(|r| r.name.clone()));
+        let resources: HashMap<&ResourceName, &ResourceRow> =
+            rows.iter().map(|r| (&r.name, r)).collect();
+        // A fence reads the lease of its own token and, when it refuses,
+        // the lease of the token that fenced it out.
+        let mut tokens = BTreeSet::new();
+        for (name, token, _) in fences {
+            tokens.insert((name.clone(), token.get()));
+            if let Some(row) = resources.get(name) {
+                for t in [row.accepted_token, row.last_token] {
+                    if t > 0 {
+                        tokens.insert((name.clone(), t));
+                    }
+                }
+            }
+        }
+        // A value is read only where a write could be accepted: a refused
+        // write never touches it, and a token refused now stays refused.
+        // Resources created by this batch (or without a row) are read as
+        // before: their first token is issued in the batch. Should a request
+        // in this batch raise an existing resource's last token and a write
+        // present the new token, the value is missing and the batch is rerun
+        // the slow way (see `miss`).
+        let values: BTreeSet<ResourceName> = fences
+            .iter()
+            .filter(|(name, token, writes)| {
+                *writes
+                    && (created.contains(name)
+                        || resources.get(name).is_none_or(|row| {
+                            domain::may_accept(*token, row.last_token, row.accepted_token)
+                        }))
+            })
+            .map(|(name, _, _)| name.clone())
+            .collect();
+        Self {
+            lock: locked.into_iter().collect(),
+            tokens: tokens
+                .into_iter()
+                .map(|(n, t)| (n, Token::from_stored(t)))
+                .collect(),
+            values: values.into_iter().collect(),
+        }
+    }
+}
+
 /// A row and whether the batch changed it.
 #[derive(Debug, Clone)]
 struct Slot<T> {
@@ -232,64 +301,23 @@ impl StagedTx {
         let create: Vec<ResourceName> = plan.create.into_iter().collect();
         let lock: Vec<ResourceName> = plan.lock.iter().cloned().collect();
         let (rows, created) = tx.lock_resources(&create, &lock, &plan.lease_ids).await?;
-        let mut lock = plan.lock;
-        lock.extend(rows.iter().map(|r| r.name.clone()));
-        let lock: Vec<ResourceName> = lock.into_iter().collect();
-        let resources: HashMap<ResourceName, ResourceRow> =
-            rows.into_iter().map(|r| (r.name.clone(), r)).collect();
-        // A fence reads the lease of its own token and, when it refuses,
-        // the lease of the token that fenced it out.
-        let mut tokens = BTreeSet::new();
-        for (name, token, _) in &plan.fences {
-            tokens.insert((name.clone(), token.get()));
-            if let Some(row) = resources.get(name) {
-                for t in [row.accepted_token, row.last_token] {
-                    if t > 0 {
-                        tokens.insert((name.clone(), t));
-                    }
-                }
-            }
-        }
-        let token_list: Vec<(ResourceName, Token)> = tokens
-            .iter()
-            .map(|(n, t)| (n.clone(), Token::from_stored(*t)))
-            .collect();
-        // A value is read only where a write could be accepted: a refused
-        // write never touches it, and a token refused now stays refused.
-        // Resources created by this batch (or without a row) are read as
-        // before: their first token is issued in the batch. Should a request
-        // in this batch raise an existing resource's last token and a write
-        // present the new token, the value is missing and the batch is rerun
-        // the slow way (see `miss`).
-        let mut values_to_load: Vec<ResourceName> = plan
-            .fences
-            .iter()
-            .filter(|(name, token, writes)| {
-                *writes
-                    && (created.contains(name)
-                        || resources.get(name).is_none_or(|row| {
-                            domain::may_accept(*token, row.last_token, row.accepted_token)
-                        }))
-            })
-            .map(|(name, _, _)| name.clone())
-            .collect();
-        values_to_load.sort();
-        values_to_load.dedup();
+        let after = AfterLock::new(&lock, &plan.fences, &rows, &created);
         let Loaded {
             now,
             leases,
             values: loaded_values,
         } = tx
-            .load(&lock, &plan.lease_ids, &token_list, &values_to_load)
+            .load(&after.lock, &plan.lease_ids, &after.tokens, &after.values)
             .await?;
-        let locked: HashSet<ResourceName> = lock.into_iter().collect();
-        let mut values: HashMap<ResourceName, Slot<Option<StoredValue>>> = values_to_load
-            .into_iter()
-            .map(|n| (n, clean(None)))
-            .collect();
+        let resources: HashMap<ResourceName, ResourceRow> =
+            rows.into_iter().map(|r| (r.name.clone(), r)).collect();
+        let locked: HashSet<ResourceName> = after.lock.into_iter().collect();
+        let mut values: HashMap<ResourceName, Slot<Option<StoredValue>>> =
+            after.values.into_iter().map(|n| (n, clean(None))).collect();
         for (name, value) in loaded_values {
             values.insert(name, clean(Some(value)));
         }
+        let tokens = after.tokens.into_iter().map(|(n, t)| (n, t.get()));
         let existing: HashSet<LeaseId> = leases.iter().map(|l| l.lease_id.clone()).collect();
         let mut staged = Self {
             now,
@@ -301,7 +329,7 @@ impl StagedTx {
                 .collect(),
             existing,
             known_ids: plan.lease_ids.into_iter().collect(),
-            known_tokens: tokens.into_iter().collect(),
+            known_tokens: tokens.collect(),
             values,
             locked,
             events: Vec::new(),
@@ -590,5 +618,87 @@ impl ResourceTx for StagedTx {
         self.events.truncate(sp.events);
         self.ended.truncate(sp.ended);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+
+    use super::*;
+
+    fn name(s: &str) -> ResourceName {
+        ResourceName::parse(s).expect("name")
+    }
+
+    fn row(s: &str, last_token: i64, accepted_token: i64) -> ResourceRow {
+        ResourceRow {
+            name: name(s),
+            last_token,
+            accepted_token,
+            created_at: Utc::now(),
+            last_activity_at: Utc::now(),
+        }
+    }
+
+    fn token(t: i64) -> Token {
+        Token::from_stored(t)
+    }
+
+    #[test]
+    fn after_a_lock_a_batch_reads_the_fences_tokens_and_the_values_it_may_write() {
+        let lock = [name("a"), name("b"), name("c"), name("new")];
+        let fences = [
+            // Superseded but newer than the accepted token: may be accepted.
+            (name("a"), token(2), true),
+            // Older than the accepted token: refused, so no value is read.
+            (name("b"), token(1), true),
+            // A check without a write: tokens only.
+            (name("c"), token(4), false),
+            // Created by this batch: its value is read.
+            (name("new"), token(1), true),
+        ];
+        let rows = [
+            row("a", 3, 1),
+            row("b", 5, 4),
+            row("c", 4, 0),
+            row("new", 0, 0),
+            // The resource of a lease named by id.
+            row("by-id", 7, 7),
+        ];
+        let after = AfterLock::new(&lock, &fences, &rows, &[name("new")]);
+        assert_eq!(
+            after.lock,
+            vec![name("a"), name("b"), name("by-id"), name("c"), name("new")]
+        );
+        let tokens: Vec<(&str, i64)> = after
+            .tokens
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.get()))
+            .collect();
+        assert_eq!(
+            tokens,
+            vec![
+                ("a", 1),
+                ("a", 2),
+                ("a", 3),
+                ("b", 1),
+                ("b", 4),
+                ("b", 5),
+                ("c", 4),
+                ("new", 1),
+            ]
+        );
+        assert_eq!(after.values, vec![name("a"), name("new")]);
+    }
+
+    #[test]
+    fn a_fence_on_a_resource_without_a_row_reads_only_its_own_token() {
+        let lock = [name("gone")];
+        let fences = [(name("gone"), token(3), true)];
+        let after = AfterLock::new(&lock, &fences, &[], &[]);
+        assert_eq!(after.lock, vec![name("gone")]);
+        assert_eq!(after.tokens, vec![(name("gone"), token(3))]);
+        assert_eq!(after.values, vec![name("gone")]);
     }
 }
