@@ -6,7 +6,6 @@
 //! start, already in the past after a lock wait). Lease endings are announced
 //! with `pg_notify`, delivered on commit, so waiters in every instance wake.
 
-use std::collections::HashSet;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -500,6 +499,15 @@ struct CreatedResourceRow {
 /// are handed out in the order the rows are inserted, so a batch's events
 /// keep the order they happened in. Lease-ended notifications are delivered
 /// on commit.
+///
+/// A lease ending and a new lease on the same resource must be written in
+/// that order: the one-active-lease index is checked row by row, and an
+/// old active row counts until its update has been applied (then, updated
+/// by this transaction, it no longer does). The order of a statement's
+/// data-modifying CTEs is otherwise unspecified, so the new leases are
+/// made to depend on the updates: their rows pass a condition on the count
+/// of `upd`'s rows (always true), which the executor must compute, running
+/// every update, before it produces the first row to insert.
 const FLUSH: &str = "\
 WITH res AS ( \
   UPDATE resources AS r SET last_token = u.last_token, accepted_token = u.accepted_token, \
@@ -518,6 +526,7 @@ ins AS ( \
     expires_at, ended_at, request_id) \
   SELECT * FROM unnest($10::text[], $11::text[], $12::bigint[], $13::text[], $14::text[], \
     $15::bigint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz[], $19::text[]) \
+  WHERE (SELECT count(*) FROM upd) >= 0 \
   RETURNING 1), \
 val AS ( \
   INSERT INTO fenced_values (resource, value, token, version, updated_at) \
@@ -684,46 +693,12 @@ impl BatchTx for PgTx {
         if changes.is_empty() {
             return Ok(());
         }
-        // One statement writes everything, except that a lease ending and a
-        // new lease on the same resource must be written in that order (the
-        // one-active-lease index is checked row by row): then the endings go
-        // first, in a statement of their own.
-        let new_on: HashSet<&ResourceName> =
-            changes.new_leases.iter().map(|l| &l.resource).collect();
-        let apart = changes
-            .updated_leases
-            .iter()
-            .any(|l| new_on.contains(&l.resource));
-        let (before, within): (&[Lease], &[Lease]) = if apart {
-            (&changes.updated_leases, &[])
-        } else {
-            (&[], &changes.updated_leases)
-        };
-        let mut updated = 0;
-        if !before.is_empty() {
-            let ls = before;
-            updated += sqlx::query(
-                "UPDATE leases AS l SET state = u.state, ttl_ms = u.ttl_ms, \
-                 expires_at = u.expires_at, ended_at = u.ended_at \
-                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::timestamptz[], $5::timestamptz[]) \
-                   AS u(lease_id, state, ttl_ms, expires_at, ended_at) \
-                 WHERE l.lease_id = u.lease_id",
-            )
-            .bind(ls.iter().map(|l| l.lease_id.as_str()).collect::<Vec<_>>())
-            .bind(ls.iter().map(|l| l.state.as_str()).collect::<Vec<_>>())
-            .bind(ls.iter().map(|l| l.ttl_ms).collect::<Vec<_>>())
-            .bind(ls.iter().map(|l| l.expires_at).collect::<Vec<_>>())
-            .bind(ls.iter().map(|l| l.ended_at).collect::<Vec<_>>())
-            .execute(&mut *self.0)
-            .await?
-            .rows_affected();
-        }
         let rs = &changes.resources;
         let ns = &changes.new_leases;
         let vs = &changes.values;
         let es = &changes.events;
-        let ls = within;
-        let (within_updated, _notified): (i64, i64) = sqlx::query_as(FLUSH)
+        let ls = &changes.updated_leases;
+        let (updated, _notified): (i64, i64) = sqlx::query_as(FLUSH)
             .bind(rs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>())
             .bind(rs.iter().map(|r| r.last_token).collect::<Vec<_>>())
             .bind(rs.iter().map(|r| r.accepted_token).collect::<Vec<_>>())
@@ -777,7 +752,7 @@ impl BatchTx for PgTx {
             )
             .fetch_one(&mut *self.0)
             .await?;
-        updated += u64::try_from(within_updated).unwrap_or(0);
+        let updated = u64::try_from(updated).unwrap_or(0);
         let expected = changes.updated_leases.len() as u64;
         if updated != expected {
             return Err(StoreError::Conflict(format!(
