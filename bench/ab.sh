@@ -44,8 +44,6 @@ one() {
   stop_server
 }
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-
 sync
 for backend in $BACKENDS; do
   for scenario in $SCENARIOS; do

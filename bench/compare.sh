@@ -144,9 +144,7 @@ psql_q -d postgres -c "DROP DATABASE IF EXISTS $PG_BENCH_DB WITH (FORCE)"
 pgbench_run() {
   local name=$1 clients=$2 script=$3 out tps
   shift 3
-  out=$(cd "$WORK" && PGOPTIONS='-c synchronous_commit=on' pgbench -n -M prepared \
-    -h "$PG_HOST" -p "$PG_PORT" -U postgres -c "$clients" -j 2 -T "$DURATION" -l \
-    "$@" -f "$BASELINES/postgres/$script" "$PG_BASELINE_DB" 2>&1)
+  out=$(cd "$WORK" && pgbench_out "$clients" "$script" "$@")
   tps=$(awk '/^tps = / { print $3 }' <<<"$out")
   record "pgbench.$name.c$clients.ops" "$tps"
   # Per-transaction log: the third column is the latency in microseconds.
@@ -170,9 +168,7 @@ if [[ $BASELINES_TOO != yes ]]; then
 fi
 
 say "pgbench baselines (database $PG_BASELINE_DB)"
-psql_q -d postgres -c "DROP DATABASE IF EXISTS $PG_BASELINE_DB WITH (FORCE)"
-createdb -h "$PG_HOST" -p "$PG_PORT" -U postgres "$PG_BASELINE_DB"
-psql_q -d "$PG_BASELINE_DB" -f "$BASELINES/postgres/schema.sql" >/dev/null 2>&1
+fresh_baseline_db
 pgbench_run acqrel "$CLIENTS" acqrel_cte.sql -D nres=10000 -D ttl=30
 reset_resources
 pgbench_run acquire "$CLIENTS" acquire_cte.sql -D nres=10000 -D ttl=0
@@ -181,35 +177,16 @@ pgbench_run acquire 1 acquire_cte.sql -D nres=10000 -D ttl=0
 pgbench_run fenced "$CLIENTS" fenced.sql -D nrows=10000 -D seq=0
 psql_q -d postgres -c "DROP DATABASE IF EXISTS $PG_BASELINE_DB WITH (FORCE)"
 
-ETCD_BENCH=/tmp/etcdlockbench
-if command -v etcd >/dev/null && [[ ! -x $ETCD_BENCH ]] && command -v go >/dev/null; then
-  say "building the etcd load generator into $ETCD_BENCH"
-  mkdir -p /tmp/etcdbench/src/etcdlockbench
-  cp "$BASELINES/etcd/main.go" /tmp/etcdbench/src/etcdlockbench/
-  (cd /tmp/etcdbench/src/etcdlockbench \
-    && GO111MODULE=off GOPATH=/tmp/etcdbench:/usr/share/gocode go build -o "$ETCD_BENCH" .)
-fi
-if command -v etcd >/dev/null && [[ -x $ETCD_BENCH ]]; then
+if etcd_available; then
   say "etcd baselines (v3lock)"
-  etcd --name bench --data-dir "$WORK/etcd-data" \
-    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-    --listen-peer-urls http://127.0.0.1:32380 --initial-advertise-peer-urls http://127.0.0.1:32380 \
-    --initial-cluster bench=http://127.0.0.1:32380 --listen-metrics-urls http://127.0.0.1:32381 \
-    --log-level warn >"$WORK/etcd.log" 2>&1 &
-  ETCD_PID=$!
-  for _ in $(seq 1 100); do
-    curl -fs "http://127.0.0.1:$ETCD_PORT/health" >/dev/null 2>&1 && break
-    sleep 0.1
-  done
+  start_etcd "$WORK/etcd-data"
   for keys in distinct hot; do
-    out=$("$ETCD_BENCH" -endpoints "127.0.0.1:$ETCD_PORT" -mode v3lock -clients "$CLIENTS" \
-      -keys "$keys" -duration "${DURATION}s")
+    out=$(etcd_out "$keys")
     echo "etcd $out" >&2
-    record "etcd.$keys.ops" "$(grep -o 'ops_per_s=[0-9.]*' <<<"$out" | cut -d= -f2)"
-    record "etcd.$keys.p50_ms" "$(grep -o 'p50_ms=[0-9.]*' <<<"$out" | cut -d= -f2)"
+    record "etcd.$keys.ops" "$(field ops_per_s <<<"$out")"
+    record "etcd.$keys.p50_ms" "$(field p50_ms <<<"$out")"
   done
-  kill "$ETCD_PID" && wait "$ETCD_PID" || true
-  ETCD_PID=""
+  stop_etcd
 else
   say "etcd not installed: skipping its baseline"
 fi

@@ -1,4 +1,4 @@
-# Shared by bench/compare.sh, bench/ab.sh and bench/cpu.sh (sourced, not run). Expects
+# Shared by bench/compare.sh, bench/ab.sh, bench/cpu.sh and bench/targets.sh (sourced, not run). Expects
 # PALISADE (the binary), PORT, WORK (a scratch directory), SERVE_ARGS and
 # PG_HOST/PG_PORT (and PG_DB for start_fresh) to be set; sets SERVER_PID.
 
@@ -42,3 +42,74 @@ start_fresh() {
     start_server "sqlite://$WORK/fresh.db"
   fi
 }
+
+# The reference baselines (../shared/bench): pgbench scripts and etcd's lock
+# API through the shared load generator. Expect BASELINES, CLIENTS, DURATION,
+# ETCD_PORT and PG_BASELINE_DB; set ETCD_PID.
+ETCD_BENCH=${ETCD_BENCH:-/tmp/etcdlockbench}
+
+# pgbench_out CLIENTS SCRIPT DEFINES...: pgbench's whole output for one run of
+# a baseline script on $PG_BASELINE_DB (durable commits, prepared statements),
+# with the per-transaction log (-l) in the current directory.
+pgbench_out() {
+  local clients=$1 script=$2
+  shift 2
+  PGOPTIONS='-c synchronous_commit=on' pgbench -n -M prepared -h "$PG_HOST" -p "$PG_PORT" \
+    -U postgres -c "$clients" -j 2 -T "$DURATION" -l "$@" -f "$BASELINES/postgres/$script" \
+    "$PG_BASELINE_DB" 2>&1
+}
+
+# fresh_baseline_db: $PG_BASELINE_DB, dropped and created with the shared schema.
+fresh_baseline_db() {
+  psql_q -d postgres -c "DROP DATABASE IF EXISTS $PG_BASELINE_DB WITH (FORCE)"
+  createdb -h "$PG_HOST" -p "$PG_PORT" -U postgres "$PG_BASELINE_DB"
+  psql_q -d "$PG_BASELINE_DB" -f "$BASELINES/postgres/schema.sql" >/dev/null 2>&1
+}
+
+# etcd_available: etcd is installed and the load generator built (building it
+# into $ETCD_BENCH if Go and etcd's client sources are there).
+etcd_available() {
+  command -v etcd >/dev/null || return 1
+  if [[ ! -x $ETCD_BENCH ]] && command -v go >/dev/null; then
+    echo "building the etcd load generator into $ETCD_BENCH" >&2
+    mkdir -p /tmp/etcdbench/src/etcdlockbench
+    cp "$BASELINES/etcd/main.go" /tmp/etcdbench/src/etcdlockbench/
+    (cd /tmp/etcdbench/src/etcdlockbench \
+      && GO111MODULE=off GOPATH=/tmp/etcdbench:/usr/share/gocode go build -o "$ETCD_BENCH" .)
+  fi
+  [[ -x $ETCD_BENCH ]]
+}
+
+# start_etcd DATA_DIR: a single-member etcd (fsync on every write, its
+# default) on $ETCD_PORT, waited for until healthy.
+start_etcd() {
+  etcd --name bench --data-dir "$1" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls http://127.0.0.1:32380 --initial-advertise-peer-urls http://127.0.0.1:32380 \
+    --initial-cluster bench=http://127.0.0.1:32380 --listen-metrics-urls http://127.0.0.1:32381 \
+    --log-level warn >"$1.log" 2>&1 &
+  ETCD_PID=$!
+  for _ in $(seq 1 100); do
+    curl -fs "http://127.0.0.1:$ETCD_PORT/health" >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "etcd did not become healthy" >&2
+  exit 1
+}
+
+stop_etcd() {
+  kill "$ETCD_PID" && wait "$ETCD_PID" || true
+  ETCD_PID=""
+}
+
+# etcd_out KEYS: the load generator's one line for KEYS (distinct or hot),
+# e.g. "mode=v3lock keys=distinct ... ops_per_s=3096.0 p50_ms=9.8 ...".
+etcd_out() {
+  "$ETCD_BENCH" -endpoints "127.0.0.1:$ETCD_PORT" -mode v3lock -clients "$CLIENTS" \
+    -keys "$1" -duration "${DURATION}s"
+}
+
+# field NAME: NAME's value in a "name=value" line on stdin.
+field() { grep -o "$1=[0-9.]*" | cut -d= -f2; }
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }

@@ -506,8 +506,12 @@ struct CreatedResourceRow {
 /// by this transaction, it no longer does). The order of a statement's
 /// data-modifying CTEs is otherwise unspecified, so the new leases are
 /// made to depend on the updates: their rows pass a condition on the count
-/// of `upd`'s rows (always true), which the executor must compute, running
-/// every update, before it produces the first row to insert.
+/// of `upd`'s rows (always true), which the executor does compute, running
+/// every update, before it produces the first row to insert. (This is how
+/// PostgreSQL's executor evaluates such a condition, not an order SQL
+/// promises; `upd` ran first before the condition too, and the condition
+/// makes that not depend on the order the CTEs are written in. The tests
+/// of a handoff in one batch fail if the insert runs first.)
 const FLUSH: &str = "\
 WITH res AS ( \
   UPDATE resources AS r SET last_token = u.last_token, accepted_token = u.accepted_token, \

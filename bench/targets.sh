@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The issue's headline ratios, each measured in interleaved rounds: every
+# Palisade run sits next to the baseline run it is divided by (odd rounds
+# Palisade first, even rounds the baseline first), so a machine whose speed
+# drifts within minutes moves both sides of a ratio alike. Prints every
+# round's ratio and, per target, the median and the range over the rounds.
+# bench/compare.sh runs every scenario once and the baselines afterwards;
+# this runs fewer scenarios, several times.
+#
+#   bench/targets.sh                       # 3 rounds of 10 s runs, 32 clients
+#   ROUNDS=5 DURATION=5 bench/targets.sh  # quicker runs, more of them
+#   BACKENDS=sqlite bench/targets.sh       # one backend
+#   PALISADE_BIN=/tmp/palisade-old bench/targets.sh
+#
+# Needs what bench/compare.sh needs, etcd included (no etcd: the etcd ratios
+# are left out and the script says so).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BASELINES=${BASELINES:-$ROOT/../shared/bench}
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-10}
+WARMUP=${WARMUP:-2}
+CLIENTS=${CLIENTS:-32}
+BACKENDS=${BACKENDS:-sqlite postgres}
+PG_HOST=${PG_HOST:-127.0.0.1}
+PG_PORT=${PG_PORT:-5432}
+PG_DB=palisade_targets
+PG_BASELINE_DB=palisade_targets_baseline
+PORT=${PORT:-17073}
+ETCD_PORT=32379
+SERVE_ARGS=${SERVE_ARGS:-}
+WORK=$(mktemp -d /tmp/palisade-targets.XXXXXX)
+SERVER_PID=""
+ETCD_PID=""
+cleanup() {
+  [[ -n $SERVER_PID ]] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null
+  [[ -n $ETCD_PID ]] && kill "$ETCD_PID" 2>/dev/null && wait "$ETCD_PID" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+# shellcheck source=bench/lib.sh
+source "$ROOT/bench/lib.sh"
+
+if [[ -n ${PALISADE_BIN:-} ]]; then
+  PALISADE=$PALISADE_BIN
+else
+  echo "building (release)" >&2
+  (cd "$ROOT" && cargo build --release --quiet)
+  PALISADE=$ROOT/target/release/palisade
+fi
+sync
+
+if etcd_available; then
+  start_etcd "$WORK/etcd-data"
+  HAVE_ETCD=yes
+else
+  echo "etcd not installed: its ratios are left out" >&2
+  HAVE_ETCD=no
+fi
+
+# palisade_ops SCENARIO: ops/s of one run against the running server.
+palisade_ops() {
+  local bench=("$PALISADE" bench --server "http://127.0.0.1:$PORT" --scenario "$1"
+    --clients "$CLIENTS")
+  [[ $WARMUP != 0 ]] && "${bench[@]}" --duration "${WARMUP}s" >/dev/null
+  "${bench[@]}" --duration "${DURATION}s" --json | jq -r '.ops_per_sec'
+}
+
+# baseline_ops NAME: ops/s of one run of a baseline (etcd-distinct, etcd-hot
+# or pgbench-fenced).
+baseline_ops() {
+  case $1 in
+    etcd-distinct) etcd_out distinct | field ops_per_s ;;
+    etcd-hot) etcd_out hot | field ops_per_s ;;
+    pgbench-fenced)
+      # On a fresh table each time, as in bench/compare.sh and the shared
+      # README: pgbench's rate on one table climbs from run to run (12,000
+      # to 25,000/s over six runs on 7 December) as its pages gain room.
+      fresh_baseline_db >/dev/null 2>&1
+      (cd "$WORK" && pgbench_out "$CLIENTS" fenced.sql -D nrows=10000 -D seq=0 \
+        | awk '/^tps = / { print $3 }')
+      rm -f "$WORK"/pgbench_log.*
+      ;;
+  esac
+}
+
+# The targets: backend, scenario, baseline, goal (the ratio to reach).
+targets() {
+  for backend in $BACKENDS; do
+    local cycle_goal=2
+    [[ $backend == postgres ]] && cycle_goal=1.5
+    if [[ $HAVE_ETCD == yes ]]; then
+      echo "$backend cycle etcd-distinct $cycle_goal"
+      echo "$backend hot etcd-hot 1"
+    fi
+    echo "$backend write pgbench-fenced 1"
+  done
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+  for backend in $BACKENDS; do
+    start_fresh "$backend"
+    while read -r b scenario baseline goal; do
+      [[ $b == "$backend" ]] || continue
+      if ((round % 2)); then
+        p=$(palisade_ops "$scenario") && d=$(baseline_ops "$baseline")
+      else
+        d=$(baseline_ops "$baseline") && p=$(palisade_ops "$scenario")
+      fi
+      r=$(awk -v p="$p" -v d="$d" 'BEGIN { print (d > 0) ? p / d : 0 }')
+      printf '%s %s %s %s %s\n' "$backend" "$scenario" "$baseline" "$goal" "$r" >>"$WORK/ratios"
+      printf 'round %d: %-8s %-5s %8.0f ops/s / %-14s %8.0f ops/s = %5.2fx\n' \
+        "$round" "$backend" "$scenario" "$p" "$baseline" "$d" "$r" >&2
+    done < <(targets)
+    stop_server
+  done
+done
+
+echo
+printf 'median over %d rounds of %s s (%d clients); range in brackets\n' "$ROUNDS" "$DURATION" "$CLIENTS"
+while read -r backend scenario baseline goal; do
+  rs=$(awk -v b="$backend" -v s="$scenario" '$1 == b && $2 == s { print $5 }' "$WORK/ratios")
+  m=$(median <<<"$rs")
+  lo=$(sort -g <<<"$rs" | head -1) hi=$(sort -g <<<"$rs" | tail -1)
+  met=$(awk -v m="$m" -v g="$goal" 'BEGIN { print (m >= g) ? "met" : "not met" }')
+  printf '%-8s %-5s vs %-14s %5.2fx [%.2f-%.2f]  goal >= %sx: %s\n' \
+    "$backend" "$scenario" "$baseline" "$m" "$lo" "$hi" "$goal" "$met"
+done < <(targets)
+[[ $HAVE_ETCD == yes ]] && stop_etcd
+psql_q -d postgres -c "DROP DATABASE IF EXISTS $PG_DB WITH (FORCE)"
+psql_q -d postgres -c "DROP DATABASE IF EXISTS $PG_BASELINE_DB WITH (FORCE)"
