@@ -72,10 +72,12 @@ etcd_available() {
   command -v etcd >/dev/null || return 1
   if [[ ! -x $ETCD_BENCH ]] && command -v go >/dev/null; then
     echo "building the etcd load generator into $ETCD_BENCH" >&2
-    mkdir -p /tmp/etcdbench/src/etcdlockbench
-    cp "$BASELINES/etcd/main.go" /tmp/etcdbench/src/etcdlockbench/
-    (cd /tmp/etcdbench/src/etcdlockbench \
-      && GO111MODULE=off GOPATH=/tmp/etcdbench:/usr/share/gocode go build -o "$ETCD_BENCH" .)
+    # `|| exit`: errexit does not apply inside a function called as a condition.
+    mkdir -p /tmp/etcdbench/src/etcdlockbench \
+      && cp "$BASELINES/etcd/main.go" /tmp/etcdbench/src/etcdlockbench/ \
+      && (cd /tmp/etcdbench/src/etcdlockbench \
+        && GO111MODULE=off GOPATH=/tmp/etcdbench:/usr/share/gocode go build -o "$ETCD_BENCH" .) \
+      || { echo "building $ETCD_BENCH failed" >&2; exit 1; }
   fi
   [[ -x $ETCD_BENCH ]]
 }

@@ -27,7 +27,7 @@ PG_HOST=${PG_HOST:-127.0.0.1}
 PG_PORT=${PG_PORT:-5432}
 PG_DB=palisade_targets
 PG_BASELINE_DB=palisade_targets_baseline
-PORT=${PORT:-17073}
+PORT=${PORT:-17074}
 ETCD_PORT=32379
 SERVE_ARGS=${SERVE_ARGS:-}
 WORK=$(mktemp -d /tmp/palisade-targets.XXXXXX)
@@ -52,7 +52,6 @@ fi
 sync
 
 if etcd_available; then
-  start_etcd "$WORK/etcd-data"
   HAVE_ETCD=yes
 else
   echo "etcd not installed: its ratios are left out" >&2
@@ -77,10 +76,12 @@ baseline_ops() {
       # On a fresh table each time, as in bench/compare.sh and the shared
       # README: pgbench's rate on one table climbs from run to run (12,000
       # to 25,000/s over six runs on 7 December) as its pages gain room.
-      fresh_baseline_db >/dev/null 2>&1
-      (cd "$WORK" && pgbench_out "$CLIENTS" fenced.sql -D nrows=10000 -D seq=0 \
+      fresh_baseline_db >/dev/null
+      local tps
+      tps=$(cd "$WORK" && pgbench_out "$CLIENTS" fenced.sql -D nrows=10000 -D seq=0 \
         | awk '/^tps = / { print $3 }')
       rm -f "$WORK"/pgbench_log.*
+      echo "$tps"
       ;;
   esac
 }
@@ -99,22 +100,33 @@ targets() {
 }
 
 for round in $(seq 1 "$ROUNDS"); do
+  # A fresh etcd each round, as Palisade gets a fresh database: etcd's
+  # history grows with every lock taken.
+  if [[ $HAVE_ETCD == yes ]]; then start_etcd "$WORK/etcd-data.$round"; fi
   for backend in $BACKENDS; do
     start_fresh "$backend"
     while read -r b scenario baseline goal; do
       [[ $b == "$backend" ]] || continue
+      # Two statements, not `a && b`: errexit must stop the script when
+      # either run fails.
       if ((round % 2)); then
-        p=$(palisade_ops "$scenario") && d=$(baseline_ops "$baseline")
+        p=$(palisade_ops "$scenario")
+        d=$(baseline_ops "$baseline")
       else
-        d=$(baseline_ops "$baseline") && p=$(palisade_ops "$scenario")
+        d=$(baseline_ops "$baseline")
+        p=$(palisade_ops "$scenario")
       fi
-      r=$(awk -v p="$p" -v d="$d" 'BEGIN { print (d > 0) ? p / d : 0 }')
+      r=$(awk -v p="$p" -v d="$d" 'BEGIN { if (!(p + 0 > 0 && d + 0 > 0)) exit 1; print p / d }') || {
+        echo "no number for $backend $scenario against $baseline (got '$p' and '$d')" >&2
+        exit 1
+      }
       printf '%s %s %s %s %s\n' "$backend" "$scenario" "$baseline" "$goal" "$r" >>"$WORK/ratios"
       printf 'round %d: %-8s %-5s %8.0f ops/s / %-14s %8.0f ops/s = %5.2fx\n' \
         "$round" "$backend" "$scenario" "$p" "$baseline" "$d" "$r" >&2
     done < <(targets)
     stop_server
   done
+  if [[ $HAVE_ETCD == yes ]]; then stop_etcd; fi
 done
 
 echo
@@ -127,6 +139,5 @@ while read -r backend scenario baseline goal; do
   printf '%-8s %-5s vs %-14s %5.2fx [%.2f-%.2f]  goal >= %sx: %s\n' \
     "$backend" "$scenario" "$baseline" "$m" "$lo" "$hi" "$goal" "$met"
 done < <(targets)
-[[ $HAVE_ETCD == yes ]] && stop_etcd
 psql_q -d postgres -c "DROP DATABASE IF EXISTS $PG_DB WITH (FORCE)"
 psql_q -d postgres -c "DROP DATABASE IF EXISTS $PG_BASELINE_DB WITH (FORCE)"

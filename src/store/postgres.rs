@@ -509,9 +509,10 @@ struct CreatedResourceRow {
 /// of `upd`'s rows (always true), which the executor does compute, running
 /// every update, before it produces the first row to insert. (This is how
 /// PostgreSQL's executor evaluates such a condition, not an order SQL
-/// promises; `upd` ran first before the condition too, and the condition
-/// makes that not depend on the order the CTEs are written in. The tests
-/// of a handoff in one batch fail if the insert runs first.)
+/// promises. Without the condition `upd` also ran first, because it is
+/// written first; the condition makes that independent of the order the
+/// CTEs are written in. The tests of a handoff in one batch fail if the
+/// insert runs first.)
 const FLUSH: &str = "\
 WITH res AS ( \
   UPDATE resources AS r SET last_token = u.last_token, accepted_token = u.accepted_token, \
