@@ -189,7 +189,7 @@ pub struct Loaded {
 /// reads.
 #[derive(Debug, PartialEq, Eq)]
 pub struct AfterLock {
-    /// Sorted.
+    /// Sorted, without duplicates.
     pub lock: Vec<ResourceName>,
     /// Sorted, without duplicates.
     pub tokens: Vec<(ResourceName, Token)>,
@@ -690,6 +690,38 @@ mod tests {
             ]
         );
         assert_eq!(after.values, vec![name("a"), name("new")]);
+    }
+
+    #[test]
+    fn two_fences_on_one_resource_read_its_value_once() {
+        let lock = [name("a")];
+        let fences = [
+            (name("a"), token(3), true),
+            (name("a"), token(3), true),
+            (name("a"), token(2), false),
+        ];
+        let after = AfterLock::new(&lock, &fences, &[row("a", 3, 2)], &[]);
+        assert_eq!(after.lock, vec![name("a")]);
+        assert_eq!(
+            after.tokens,
+            vec![(name("a"), token(2)), (name("a"), token(3))]
+        );
+        assert_eq!(after.values, vec![name("a")]);
+    }
+
+    #[test]
+    fn a_token_the_resource_never_issued_reads_no_value() {
+        // Token 9 is above the last issued token 4: the write is refused as
+        // unknown, so its value is not read (the resource was not created
+        // by this batch).
+        let lock = [name("a")];
+        let fences = [(name("a"), token(9), true)];
+        let after = AfterLock::new(&lock, &fences, &[row("a", 4, 4)], &[]);
+        assert_eq!(
+            after.tokens,
+            vec![(name("a"), token(4)), (name("a"), token(9))]
+        );
+        assert!(after.values.is_empty());
     }
 
     #[test]
