@@ -85,6 +85,11 @@ pub(super) mod sql {
         (resource, value, token, version, updated_at) VALUES (?, ?, ?, 1, ?) \
         ON CONFLICT (resource) DO UPDATE SET value = excluded.value, token = excluded.token, \
         version = fenced_values.version + 1, updated_at = excluded.updated_at RETURNING version";
+    /// A value as the batch computed it (its version included).
+    pub const WRITE_VALUE: &str = "INSERT INTO fenced_values \
+        (resource, value, token, version, updated_at) VALUES (?1, ?2, ?3, ?4, ?5) \
+        ON CONFLICT (resource) DO UPDATE SET value = excluded.value, \
+        token = excluded.token, version = excluded.version, updated_at = excluded.updated_at";
     pub const VALUE: &str =
         "SELECT value, token, version, updated_at FROM fenced_values WHERE resource = ?";
     pub const INSERT_EVENT: &str = "INSERT INTO events (at, kind, resource, token, holder, detail) \
@@ -600,11 +605,21 @@ impl FlushStep {
     /// the batch updated in memory was gone from the table).
     pub fn check(&self, changed: u64) -> StoreResult<()> {
         match self.expect {
-            Some(expected) if expected != changed => Err(StoreError::Conflict(format!(
-                "updated {changed} of {expected} leases"
-            ))),
-            _ => Ok(()),
+            Some(expected) => all_leases_updated(expected, changed),
+            None => Ok(()),
         }
+    }
+}
+
+/// Fails when fewer leases than the batch updated in memory were updated
+/// in the table (a lease was gone).
+pub(super) fn all_leases_updated(expected: u64, changed: u64) -> StoreResult<()> {
+    if expected == changed {
+        Ok(())
+    } else {
+        Err(StoreError::Conflict(format!(
+            "updated {changed} of {expected} leases"
+        )))
     }
 }
 
