@@ -37,28 +37,15 @@ RESULTS=$WORK/results.tsv
 SERVER_PID=""
 ETCD_PID=""
 
-cleanup() {
-  [[ -n $SERVER_PID ]] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null
-  [[ -n $ETCD_PID ]] && kill "$ETCD_PID" 2>/dev/null && wait "$ETCD_PID" 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
 say() { printf '\n== %s\n' "$*" >&2; }
 # record NAME VALUE: one measured number, for the summary.
 record() { printf '%s\t%s\n' "$1" "$2" >>"$RESULTS"; }
 value() { awk -F'\t' -v k="$1" '$1 == k { v = $2 } END { print v }' "$RESULTS"; }
 # shellcheck source=bench/lib.sh
 source "$ROOT/bench/lib.sh"
+trap stop_everything EXIT
 
-# PALISADE_BIN runs a binary built elsewhere (e.g. an older commit).
-if [[ -n ${PALISADE_BIN:-} ]]; then
-  PALISADE=$PALISADE_BIN
-else
-  say "building (release)"
-  (cd "$ROOT" && cargo build --release --quiet)
-  PALISADE=$ROOT/target/release/palisade
-fi
+use_palisade
 # Let the build's (or anything else's) dirty pages reach the disk first: the
 # first durable run's fsyncs would otherwise queue behind that writeback.
 sync

@@ -1,6 +1,7 @@
 # Shared by bench/compare.sh, bench/ab.sh, bench/cpu.sh and bench/targets.sh (sourced, not run). Expects
 # PALISADE (the binary), PORT, WORK (a scratch directory), SERVE_ARGS and
-# PG_HOST/PG_PORT (and PG_DB for start_fresh) to be set; sets SERVER_PID.
+# PG_HOST/PG_PORT (and PG_DB for start_fresh) to be set; sets SERVER_PID
+# (and PALISADE with use_palisade, from ROOT).
 
 psql_q() { psql -q -X -v ON_ERROR_STOP=1 -h "$PG_HOST" -p "$PG_PORT" -U postgres "$@"; }
 
@@ -10,13 +11,40 @@ start_server() {
   RUST_LOG=warn "$PALISADE" serve --listen "127.0.0.1:$PORT" --database-url "$url" \
     --admin-token compare-admin $SERVE_ARGS >"$WORK/server.log" 2>&1 & # split on purpose
   SERVER_PID=$!
+  wait_until_up "http://127.0.0.1:$PORT/readyz" || {
+    cat "$WORK/server.log" >&2
+    echo "server did not become ready" >&2
+    exit 1
+  }
+}
+
+# wait_until_up URL: succeeds once URL answers 2xx, fails after 10 s.
+wait_until_up() {
   for _ in $(seq 1 100); do
-    curl -fs "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && return 0
+    curl -fs "$1" >/dev/null 2>&1 && return 0
     sleep 0.1
   done
-  cat "$WORK/server.log" >&2
-  echo "server did not become ready" >&2
-  exit 1
+  return 1
+}
+
+# use_palisade: sets PALISADE to $PALISADE_BIN (a binary built elsewhere,
+# e.g. from an older commit) or to a fresh release build of this checkout.
+use_palisade() {
+  if [[ -n ${PALISADE_BIN:-} ]]; then
+    PALISADE=$PALISADE_BIN
+  else
+    echo "building (release)" >&2
+    (cd "$ROOT" && cargo build --release --quiet)
+    PALISADE=$ROOT/target/release/palisade
+  fi
+}
+
+# stop_everything: the EXIT trap of the scripts that start a server and
+# etcd in $WORK.
+stop_everything() {
+  [[ -n ${SERVER_PID:-} ]] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null
+  [[ -n ${ETCD_PID:-} ]] && kill "$ETCD_PID" 2>/dev/null && wait "$ETCD_PID" 2>/dev/null
+  rm -rf "$WORK"
 }
 
 stop_server() {
@@ -91,12 +119,10 @@ start_etcd() {
     --initial-cluster bench=http://127.0.0.1:32380 --listen-metrics-urls http://127.0.0.1:32381 \
     --log-level warn >"$1.log" 2>&1 &
   ETCD_PID=$!
-  for _ in $(seq 1 100); do
-    curl -fs "http://127.0.0.1:$ETCD_PORT/health" >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  echo "etcd did not become healthy" >&2
-  exit 1
+  wait_until_up "http://127.0.0.1:$ETCD_PORT/health" || {
+    echo "etcd did not become healthy" >&2
+    exit 1
+  }
 }
 
 stop_etcd() {

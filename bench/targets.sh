@@ -33,22 +33,11 @@ SERVE_ARGS=${SERVE_ARGS:-}
 WORK=$(mktemp -d /tmp/palisade-targets.XXXXXX)
 SERVER_PID=""
 ETCD_PID=""
-cleanup() {
-  [[ -n $SERVER_PID ]] && kill "$SERVER_PID" 2>/dev/null && wait "$SERVER_PID" 2>/dev/null
-  [[ -n $ETCD_PID ]] && kill "$ETCD_PID" 2>/dev/null && wait "$ETCD_PID" 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
 # shellcheck source=bench/lib.sh
 source "$ROOT/bench/lib.sh"
+trap stop_everything EXIT
 
-if [[ -n ${PALISADE_BIN:-} ]]; then
-  PALISADE=$PALISADE_BIN
-else
-  echo "building (release)" >&2
-  (cd "$ROOT" && cargo build --release --quiet)
-  PALISADE=$ROOT/target/release/palisade
-fi
+use_palisade
 sync
 
 if etcd_available; then

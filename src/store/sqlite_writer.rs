@@ -9,7 +9,10 @@
 //! [`super::batch`]): locking, loading, flushing and committing a batch are
 //! plain function calls there, and the only hand-offs left are a request
 //! arriving and its answer leaving. It runs the same statements as the sqlx
-//! transaction ([`super::sqlite::sql`]). Reads, retention and writes with
+//! transaction ([`super::sqlite::sql`]), but for a batch's flush: there it
+//! binds each row to a one-row statement where sqlx's path sends a table's
+//! rows as one JSON array (no round trip to save in process). Reads,
+//! retention and writes with
 //! group commit off stay on sqlx's connections; SQLite's write lock (with
 //! the same busy timeout) keeps the two writers apart.
 
@@ -125,6 +128,21 @@ impl From<rusqlite::Error> for StoreError {
 impl DirectTx {
     fn execute(&self, sql: &str, params: impl Params) -> StoreResult<usize> {
         Ok(self.conn.prepare_cached(sql)?.execute(params)?)
+    }
+
+    /// Writes a lease's changing columns; the rows it changed (0 if the
+    /// lease is gone).
+    fn update_lease_row(&self, l: &Lease) -> StoreResult<usize> {
+        self.execute(
+            sql::UPDATE_LEASE,
+            (
+                l.state.as_str(),
+                l.ttl_ms,
+                unix_ms(l.expires_at),
+                l.ended_at.map(unix_ms),
+                l.lease_id.as_str(),
+            ),
+        )
     }
 
     fn rows<T>(
@@ -261,16 +279,7 @@ impl ResourceTx for DirectTx {
     }
 
     async fn update_lease(&mut self, l: &Lease) -> StoreResult<()> {
-        self.execute(
-            sql::UPDATE_LEASE,
-            (
-                l.state.as_str(),
-                l.ttl_ms,
-                unix_ms(l.expires_at),
-                l.ended_at.map(unix_ms),
-                l.lease_id.as_str(),
-            ),
-        )?;
+        self.update_lease_row(l)?;
         Ok(())
     }
 
@@ -418,16 +427,7 @@ impl BatchTx for DirectTx {
         }
         let mut updated = 0;
         for lease in &changes.updated_leases {
-            updated += self.execute(
-                sql::UPDATE_LEASE,
-                (
-                    lease.state.as_str(),
-                    lease.ttl_ms,
-                    unix_ms(lease.expires_at),
-                    lease.ended_at.map(unix_ms),
-                    lease.lease_id.as_str(),
-                ),
-            )?;
+            updated += self.update_lease_row(lease)?;
         }
         all_leases_updated(changes.updated_leases.len() as u64, updated as u64)?;
         for lease in &changes.new_leases {
