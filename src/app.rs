@@ -74,7 +74,9 @@ impl Config {
             event_retention: Some(RetentionConfig::with_max_age(Duration::from_secs(
                 u64::from(RetentionConfig::DEFAULT_DAYS) * 86_400,
             ))),
-            group_commit: None,
+            // As `palisade serve` runs by default: tests that need one
+            // transaction per request say so (`group_commit: None`).
+            group_commit: Some(GroupCommitConfig::DEFAULT),
             api_keys_file: None,
             client_timeouts: ClientTimeouts::default(),
         }
