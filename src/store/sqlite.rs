@@ -6,7 +6,7 @@
 //! connections serves reads concurrently thanks to WAL. `synchronous=FULL`
 //! makes every acknowledged commit durable.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -165,7 +165,21 @@ pub(super) mod sql {
 }
 
 /// The page size a new database file is created with.
-pub(super) const NEW_DATABASE_PAGE_SIZE: u32 = 1024;
+pub const NEW_DATABASE_PAGE_SIZE: u32 = 1024;
+
+/// Whether a `sqlite:` URL names an in-memory database (`sqlite::memory:`,
+/// or `mode=memory`), which has no file a second connection could open.
+/// sqlx gives such a database a made-up file name, so the name alone
+/// cannot tell.
+pub(super) fn is_in_memory(url: &str) -> bool {
+    let rest = url.strip_prefix("sqlite:").unwrap_or(url);
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let (database, params) = rest.split_once('?').unwrap_or((rest, ""));
+    database == ":memory:"
+        || params
+            .split('&')
+            .any(|param| param.eq_ignore_ascii_case("mode=memory"))
+}
 
 #[derive(Clone)]
 pub struct SqliteBackend {
@@ -205,8 +219,7 @@ impl SqliteBackend {
             .run(&writer)
             .await
             .map_err(|e| StoreError::Unavailable(format!("migration failed: {e}")))?;
-        let path = options.get_filename();
-        let path = (path != Path::new(":memory:")).then(|| path.to_owned());
+        let path = (!is_in_memory(url)).then(|| options.get_filename().to_owned());
         let readers = SqlitePoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(10))
@@ -732,4 +745,28 @@ pub(super) fn parse_names(names: Vec<String>) -> StoreResult<Vec<ResourceName>> 
 fn json_rows<T: serde::Serialize>(rows: impl Iterator<Item = T>) -> StoreResult<String> {
     serde_json::to_string(&rows.collect::<Vec<T>>())
         .map_err(|e| StoreError::InvalidData(format!("batch parameters: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_in_memory;
+
+    #[test]
+    fn in_memory_urls_are_told_from_files() {
+        for url in [
+            "sqlite::memory:",
+            "sqlite://:memory:",
+            "sqlite://x.db?mode=memory&cache=shared",
+            "sqlite:x.db?cache=shared&mode=memory",
+        ] {
+            assert!(is_in_memory(url), "{url}");
+        }
+        for url in [
+            "sqlite://palisade.db",
+            "sqlite:///var/lib/palisade/memory.db",
+            "sqlite://x.db?mode=rwc",
+        ] {
+            assert!(!is_in_memory(url), "{url}");
+        }
+    }
 }

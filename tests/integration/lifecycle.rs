@@ -279,3 +279,35 @@ async fn responses_carry_security_headers() {
     }
     h.finish().await;
 }
+
+/// `sqlite::memory:` runs the whole service in process: group commit falls
+/// back to sqlx's one writer connection, and no file is created.
+#[tokio::test]
+async fn an_in_memory_database_serves_every_write() {
+    let dir = std::env::current_dir().expect("cwd");
+    let before: Vec<_> = std::fs::read_dir(&dir).expect("ls").collect();
+    let server = TestServer::start("sqlite::memory:").await;
+    let lease = server.acquire("reports", "worker-1", 60_000).await;
+    let token = lease["token"].as_i64().expect("token");
+    let (status, body) = server
+        .write_value("reports", token, json!({"ok": true}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(server.release(&lease).await.0, StatusCode::OK);
+    let next = server.acquire("reports", "worker-2", 60_000).await;
+    assert_eq!(next["token"], token + 1, "{next}");
+    let (status, body) = server.get("/v1/resources/reports/value").await;
+    assert_eq!(
+        (status, &body["value"]),
+        (StatusCode::OK, &json!({"ok": true})),
+        "{body}"
+    );
+    server.stop().await;
+    let after: Vec<_> = std::fs::read_dir(&dir).expect("ls").collect();
+    assert_eq!(
+        before.len(),
+        after.len(),
+        "a file appeared in {}",
+        dir.display()
+    );
+}
