@@ -30,6 +30,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Apply database migrations and exit.
     Migrate(DatabaseArgs),
+    /// Rewrite a SQLite database file with another page size (stop the server first).
+    Repack(RepackArgs),
     /// Run the torture test: real processes, injected faults, a checked history.
     Torture(crate::torture::TortureArgs),
     /// One worker process of the torture test (started by `torture`).
@@ -51,6 +53,15 @@ pub struct DatabaseArgs {
         default_value = "sqlite://palisade.db"
     )]
     pub database_url: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RepackArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Page size in bytes, a power of two from 512 to 65536 (new databases get 1024).
+    #[arg(long, default_value_t = crate::store::sqlite::NEW_DATABASE_PAGE_SIZE)]
+    pub page_size: u32,
 }
 
 #[derive(Debug, Args)]

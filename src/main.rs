@@ -30,6 +30,27 @@ async fn main() -> anyhow::Result<()> {
             store.close().await;
             Ok(())
         }
+        Command::Repack(args) => {
+            let done = palisade::store::repack_sqlite(&args.database.database_url, args.page_size)?;
+            let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+            if done.changed() {
+                println!(
+                    "repacked {}: {}-byte pages -> {}-byte pages, {:.1} MiB -> {:.1} MiB",
+                    done.path.display(),
+                    done.before.page_size,
+                    done.after.page_size,
+                    mib(done.before.bytes()),
+                    mib(done.after.bytes()),
+                );
+            } else {
+                println!(
+                    "{} already has {}-byte pages; left as it is",
+                    done.path.display(),
+                    done.after.page_size
+                );
+            }
+            Ok(())
+        }
         Command::Torture(args) => {
             if palisade::torture::run(args).await? {
                 println!("torture: PASSED");

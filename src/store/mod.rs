@@ -10,6 +10,7 @@ mod ops;
 pub mod postgres;
 mod rows;
 pub mod sqlite;
+mod sqlite_repack;
 mod sqlite_writer;
 mod staged;
 mod types;
@@ -28,6 +29,7 @@ pub use types::{
 };
 
 pub use batch::{GroupCommit, GroupCommitConfig};
+pub use sqlite_repack::{PageLayout, Repacked, repack as repack_sqlite};
 
 pub type StoreResult<T> = Result<T, StoreError>;
 

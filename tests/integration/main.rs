@@ -30,6 +30,7 @@ mod openapi;
 mod prometheus_e2e;
 #[cfg(feature = "client")]
 mod recipes;
+mod repack;
 mod restart;
 mod retention;
 mod ui;
