@@ -171,14 +171,24 @@ pub const NEW_DATABASE_PAGE_SIZE: u32 = 1024;
 /// or `mode=memory`), which has no file a second connection could open.
 /// sqlx gives such a database a made-up file name, so the name alone
 /// cannot tell.
+/// (A URL this misses still works: the in-process writer opens only the
+/// migrated file, and group commit falls back to sqlx's connection.)
 pub(super) fn is_in_memory(url: &str) -> bool {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
     let rest = url.strip_prefix("sqlite:").unwrap_or(url);
     let rest = rest.strip_prefix("//").unwrap_or(rest);
     let (database, params) = rest.split_once('?').unwrap_or((rest, ""));
+    let database = decode(database);
     database == ":memory:"
-        || params
-            .split('&')
-            .any(|param| param.eq_ignore_ascii_case("mode=memory"))
+        || database.starts_with("file::memory:")
+        || params.split('&').any(|param| {
+            let param = decode(&param.replace('+', " ")).to_ascii_lowercase();
+            param == "mode=memory" || param == "vfs=memdb"
+        })
 }
 
 #[derive(Clone)]
@@ -758,6 +768,8 @@ mod tests {
             "sqlite://:memory:",
             "sqlite://x.db?mode=memory&cache=shared",
             "sqlite:x.db?cache=shared&mode=memory",
+            "sqlite:%3Amemory%3A",
+            "sqlite:x.db?mode=%6Demory",
         ] {
             assert!(is_in_memory(url), "{url}");
         }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use rusqlite::{Connection, OptionalExtension, Params, Row};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Params, Row};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::rows::{
@@ -52,7 +52,25 @@ impl DirectWriter {
     /// Opens a second connection to the (already migrated) database file
     /// at `path`, with the same durability settings as sqlx's.
     pub fn open(path: &Path) -> StoreResult<Self> {
-        let conn = Connection::open(path)?;
+        // Never creates a file, and takes `path` as a file name, not a URI:
+        // a name that is not the migrated file sqlx opened (an in-memory
+        // database's made-up name, say) fails here, and group commit then
+        // writes through sqlx instead.
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        let migrated: bool = conn.query_row(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE name = '_sqlx_migrations'",
+            [],
+            |row| row.get(0),
+        )?;
+        if !migrated {
+            return Err(StoreError::Unavailable(format!(
+                "{} is not the migrated database",
+                path.display()
+            )));
+        }
         conn.busy_timeout(Duration::from_secs(5))?;
         conn.execute_batch(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
@@ -496,6 +514,23 @@ mod tests {
         assert_eq!(checkpoint_pages(1024), 40 * 1024);
         assert_eq!(checkpoint_pages(4096), 10 * 1024);
         assert_eq!(checkpoint_pages(65536), 640);
+    }
+
+    #[test]
+    fn the_writer_opens_only_the_migrated_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // sqlx's name for an in-memory database, seen as a file name.
+        let missing = dir.path().join("file:sqlx-in-memory-0");
+        assert!(DirectWriter::open(&missing).is_err());
+        assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 0);
+        let other = dir.path().join("other.db");
+        Connection::open(&other)
+            .and_then(|c| c.execute_batch("CREATE TABLE t (x);"))
+            .expect("another database");
+        assert!(matches!(
+            DirectWriter::open(&other),
+            Err(StoreError::Unavailable(_))
+        ));
     }
 
     #[tokio::test]
