@@ -253,15 +253,20 @@ crate::on_both_backends!(
     concurrent_writers_lose_no_update_without_group_commit,
 );
 
-/// Two instances on one PostgreSQL: clients spread over both, both sweep.
+/// Two instances on one PostgreSQL, one transaction per request: clients
+/// spread over both, both sweep. (With group commit: the next test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_one_postgres_stay_safe() {
     let Some(backend) = Backend::postgres() else {
         return;
     };
     let db = TestDb::create(&backend).await;
-    let a = TestServer::start(&db.url).await;
-    let b = TestServer::start(&db.url).await;
+    let one_by_one = || Config {
+        group_commit: None,
+        ..Config::for_tests(&db.url)
+    };
+    let a = TestServer::start_with(one_by_one()).await;
+    let b = TestServer::start_with(one_by_one()).await;
     let counts = race(&[&a, &b], Duration::from_secs(4)).await;
     verify(&a, &counts).await;
     a.stop().await;
