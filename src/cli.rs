@@ -57,8 +57,13 @@ pub struct DatabaseArgs {
 
 #[derive(Debug, Args)]
 pub struct RepackArgs {
-    #[command(flatten)]
-    pub database: DatabaseArgs,
+    /// `sqlite://PATH` of an existing Palisade database (never created).
+    #[arg(
+        long,
+        env = "PALISADE_DATABASE_URL",
+        default_value = "sqlite://palisade.db"
+    )]
+    pub database_url: String,
     /// Page size in bytes, a power of two from 512 to 65536 (new databases get 1024).
     #[arg(long, default_value_t = crate::store::sqlite::NEW_DATABASE_PAGE_SIZE)]
     pub page_size: u32,

@@ -31,7 +31,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Repack(args) => {
-            let done = palisade::store::repack_sqlite(&args.database.database_url, args.page_size)?;
+            let done = palisade::store::repack_sqlite(&args.database_url, args.page_size)?;
             let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
             if done.changed() {
                 println!(

@@ -8,8 +8,9 @@
 //! the new size and switches it back to WAL. It needs the file to itself: a
 //! running server holds connections open, and the switch out of WAL mode is
 //! refused while any other connection exists, so repacking a database in use
-//! fails before anything changes. `VACUUM` writes a full copy first, so it
-//! also needs about the file's size in free disk space.
+//! fails before anything changes. `VACUUM` builds the new file in the
+//! temporary directory and copies it back through a rollback journal beside
+//! the file, so it needs up to twice the file's size in free disk space.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -19,6 +20,9 @@ use sqlx::sqlite::SqliteConnectOptions;
 
 use super::sqlite::is_in_memory;
 use super::{StoreError, StoreResult};
+
+/// How long repacking waits for a lock before calling the database in use.
+const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A database file's page size and page count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,11 +130,18 @@ pub fn repack(url: &str, page_size: u32) -> StoreResult<Repacked> {
             path.display()
         )));
     }
-    // Never create, never wait: a lock held by someone else is an answer.
+    // Never creates the file. Waits a little for locks (a server that has
+    // just stopped may still be closing its connections), then calls the
+    // database in use.
     let conn = Connection::open_with_flags(
         &path,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
+    conn.busy_timeout(BUSY_WAIT)?;
+    // Every lock this connection takes is held until it closes: once it has
+    // the file to itself (leaving WAL mode takes an exclusive lock), nobody
+    // can open it between the steps below.
+    conn.execute_batch("PRAGMA locking_mode = EXCLUSIVE;")?;
     let palisade: bool = conn
         .query_row(
             "SELECT count(*) = 4 FROM sqlite_master WHERE type = 'table' \
@@ -158,9 +169,17 @@ pub fn repack(url: &str, page_size: u32) -> StoreResult<Repacked> {
         .execute_batch(&format!("PRAGMA page_size = {page_size}; VACUUM;"))
         .map_err(in_use);
     // Back to WAL whatever VACUUM did: a failed VACUUM changed nothing.
-    let back = journal_mode(&conn, "wal");
-    rebuilt?;
-    back?;
+    match (rebuilt, journal_mode(&conn, "wal")) {
+        (Ok(()), Ok(())) => {}
+        (Err(err), Ok(())) | (Ok(()), Err(err)) => return Err(err),
+        (Err(vacuum), Err(wal)) => {
+            return Err(StoreError::Unavailable(format!(
+                "{vacuum}; then switching back to WAL failed too ({wal}): the file is unchanged \
+                 but in rollback-journal mode until `palisade serve` opens it (which switches \
+                 it back)"
+            )));
+        }
+    }
     let after = layout(&conn)?;
     if after.page_size != page_size {
         return Err(StoreError::Unavailable(format!(
