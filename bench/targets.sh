@@ -17,6 +17,8 @@
 # Needs what bench/compare.sh needs, etcd included (no etcd: the etcd ratios
 # are left out and the script says so).
 set -euo pipefail
+# A failing command inside $(...) stops the script too.
+shopt -s inherit_errexit
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BASELINES=${BASELINES:-$ROOT/../shared/bench}
@@ -82,8 +84,13 @@ measure() {
     pgbench-acquire-p50)
       fresh_baseline_db >/dev/null
       # The per-transaction log's third column is the latency in µs.
-      (cd "$WORK" && pgbench_out 1 acquire_cte.sql -D nres=10000 -D ttl=0 >/dev/null)
-      cat "$WORK"/pgbench_log.* | awk '{ print $3 / 1000 }' | median
+      local out
+      out=$(cd "$WORK" && pgbench_out 1 acquire_cte.sql -D nres=10000 -D ttl=0) || {
+        echo "$out" >&2
+        return 1
+      }
+      # Numbers only: pgbench 15 logs a failed transaction as "failed".
+      cat "$WORK"/pgbench_log.* | awk '$3 ~ /^[0-9]+$/ { print $3 / 1000 }' | median
       rm -f "$WORK"/pgbench_log.*
       ;;
     *) echo "unknown measure $1" >&2 && exit 2 ;;
@@ -92,8 +99,8 @@ measure() {
 
 # The targets: backend, what is measured, what it is divided by, the goal
 # and whether the ratio must reach it (ge) or stay under it (le). Each
-# backend's single-client acquires come last: they leave 10,000 leases
-# behind for the sweeper.
+# backend's single-client acquires come last: their short leases keep the
+# sweeper busy for a while after the run.
 targets() {
   for backend in $BACKENDS; do
     local cycle_goal=2
@@ -139,15 +146,19 @@ for round in $(seq 1 "$ROUNDS"); do
 done
 
 echo
-printf 'median over %d rounds of %s s (%d clients); range in brackets\n' "$ROUNDS" "$DURATION" "$CLIENTS"
+printf 'median over %d rounds of %s s (%d clients; acquire-p50: 1 client); range in brackets\n' \
+  "$ROUNDS" "$DURATION" "$CLIENTS"
 while read -r backend scenario baseline goal cmp; do
   rs=$(awk -v b="$backend" -v s="$scenario" '$1 == b && $2 == s { print $3 }' "$WORK/ratios")
   m=$(median <<<"$rs")
   lo=$(sort -g <<<"$rs" | head -1) hi=$(sort -g <<<"$rs" | tail -1)
   met=$(awk -v m="$m" -v g="$goal" -v c="$cmp" \
     'BEGIN { print ((c == "ge") ? m >= g : m <= g) ? "met" : "not met" }')
-  sign='>='
-  [[ $cmp == le ]] && sign='<='
+  case $cmp in
+    ge) sign='>=' ;;
+    le) sign='<=' ;;
+    *) echo "target $backend $scenario: goal direction '$cmp' is neither ge nor le" >&2 && exit 2 ;;
+  esac
   printf '%-8s %-11s vs %-19s %5.2fx [%.2f-%.2f]  goal %s %sx: %s\n' \
     "$backend" "$scenario" "$baseline" "$m" "$lo" "$hi" "$sign" "$goal" "$met"
 done < <(targets)
