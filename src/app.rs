@@ -83,6 +83,9 @@ impl Config {
     }
 }
 
+/// How long shutdown waits for the batch writers to end.
+const WRITERS_STOP_WAIT: Duration = Duration::from_secs(5);
+
 pub struct App {
     listener: TcpListener,
     state: AppState,
@@ -211,6 +214,7 @@ impl App {
             ));
         }
 
+        let writers_stopped = state.service.writers_stopped();
         tracing::info!(addr = %listener.local_addr()?, backend = store.backend_name(), "palisade listening");
         let stop_on_signal = stop.clone();
         server::serve(listener, http::router(state), client_timeouts, async move {
@@ -221,6 +225,17 @@ impl App {
         .await;
         stop.cancel();
         while tasks.join_next().await.is_some() {}
+        // Every handle on the service is gone now, so the batch writers end;
+        // wait for them to close their connections, so that "stopped" means
+        // the database is left to itself (a backup or `palisade repack`
+        // right after finds it free).
+        if let Some(writers) = writers_stopped
+            && tokio::time::timeout(WRITERS_STOP_WAIT, writers.wait())
+                .await
+                .is_err()
+        {
+            tracing::warn!("group commit writers were still running at shutdown");
+        }
         store.close().await;
         tracing::info!("stopped");
         Ok(())

@@ -18,7 +18,7 @@ use crate::metrics::Metrics;
 use crate::store::{
     AcquireOutcome, AcquireRequest, Event, EventFilter, FenceOutcome, ForceReleaseOutcome,
     GroupCommit, GroupCommitConfig, Recorded, ReleaseOutcome, RenewOutcome, ResourceView, Store,
-    StoreError, StoreResult, StoredValue, ValueWrite, WriteVia,
+    StoreError, StoreResult, StoredValue, ValueWrite, WriteVia, WritersStopped,
 };
 use crate::waiters::{StandingAnswer, Waiters};
 
@@ -104,6 +104,12 @@ impl LockService {
         let group_commit = GroupCommit::start(&self.store, config, self.waiters.clone());
         self.group_commit = Some(group_commit);
         self
+    }
+
+    /// With group commit: resolves once its writers have ended (after the
+    /// last clone of this service is gone) and closed their connections.
+    pub fn writers_stopped(&self) -> Option<WritersStopped> {
+        self.group_commit.as_ref().map(GroupCommit::stopped)
     }
 
     async fn store_acquire(&self, req: &AcquireRequest) -> StoreResult<Recorded<AcquireOutcome>> {

@@ -102,6 +102,22 @@ impl GroupCommitConfig {
 #[derive(Clone)]
 pub struct GroupCommit {
     queue: mpsc::Sender<Pending>,
+    stopped: WritersStopped,
+}
+
+/// Resolves once every writer has ended and closed its own connection
+/// (SQLite's in-process writer has one), for a shutdown that leaves the
+/// database file to itself. Holding it does not keep the writers running.
+#[derive(Clone)]
+pub struct WritersStopped(Arc<Mutex<mpsc::Receiver<()>>>);
+
+impl WritersStopped {
+    pub async fn wait(&self) {
+        // Nothing is ever sent: `recv` answers `None` once every writer has
+        // dropped its end.
+        let mut ended = self.0.lock().await;
+        while ended.recv().await.is_some() {}
+    }
 }
 
 impl GroupCommit {
@@ -119,12 +135,14 @@ impl GroupCommit {
         // at once split the traffic into smaller batches and measured 20–25%
         // slower (docs/performance.md).
         let gate = Arc::new(Semaphore::new(1));
+        let (running, stopped) = mpsc::channel(1);
         for _ in 0..writers {
             let writer = Writer {
                 receiver: receiver.clone(),
                 gate: gate.clone(),
                 max_batch: config.max_batch.max(1),
                 waiters: waiters.clone(),
+                running: running.clone(),
             };
             match store {
                 Store::Sqlite(b) => writer.start_sqlite(b),
@@ -133,7 +151,15 @@ impl GroupCommit {
                 }
             };
         }
-        Self { queue }
+        Self {
+            queue,
+            stopped: WritersStopped(Arc::new(Mutex::new(stopped))),
+        }
+    }
+
+    /// See [`WritersStopped`].
+    pub fn stopped(&self) -> WritersStopped {
+        self.stopped.clone()
     }
 
     async fn submit(&self, request: WriteRequest) -> StoreResult<WriteReply> {
@@ -260,6 +286,8 @@ struct Writer {
     gate: Arc<Semaphore>,
     max_batch: usize,
     waiters: Waiters,
+    /// Dropped when the writer has ended (see [`WritersStopped`]).
+    running: mpsc::Sender<()>,
 }
 
 impl Writer {
@@ -271,12 +299,15 @@ impl Writer {
         let started = match backend.direct_writer() {
             Some(Ok(direct)) => std::thread::Builder::new()
                 .name("sqlite-writer".into())
-                .spawn(
-                    move || match tokio::runtime::Builder::new_current_thread().build() {
+                .spawn(move || {
+                    // Dropped last, once `run` has dropped the connection.
+                    let running = self.running.clone();
+                    match tokio::runtime::Builder::new_current_thread().build() {
                         Ok(runtime) => runtime.block_on(self.run(direct)),
                         Err(err) => tracing::error!(error = %err, "SQLite writer cannot run"),
-                    },
-                )
+                    }
+                    drop(running);
+                })
                 .map_err(|err| err.to_string()),
             Some(Err(err)) => Err(err.to_string()),
             None => Err("an in-memory database has no second connection".into()),
@@ -293,6 +324,7 @@ impl Writer {
             gate,
             max_batch,
             waiters,
+            running: _running,
         } = self;
         // A transaction opened before its first request (`B::BEGINS_AHEAD`),
         // when the last batch was light: under load, the round trip that

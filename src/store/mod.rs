@@ -28,7 +28,7 @@ pub use types::{
     ResourceView, StoredValue, ValueWrite, WriteVia,
 };
 
-pub use batch::{GroupCommit, GroupCommitConfig};
+pub use batch::{GroupCommit, GroupCommitConfig, WritersStopped};
 pub use sqlite_repack::{PageLayout, Repacked, repack as repack_sqlite};
 
 pub type StoreResult<T> = Result<T, StoreError>;

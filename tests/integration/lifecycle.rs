@@ -311,3 +311,25 @@ async fn an_in_memory_database_serves_every_write() {
         dir.display()
     );
 }
+
+/// A graceful stop closes every connection the server had, the group
+/// commit writer's own included: the file can be taken exclusively at
+/// once (as a backup or `palisade repack` right after a stop needs).
+#[tokio::test]
+async fn a_stopped_server_leaves_its_sqlite_file_free() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("palisade.db");
+    let server = TestServer::start(&format!("sqlite://{}", path.display())).await;
+    let lease = server.acquire("reports", "worker-1", 60_000).await;
+    assert_eq!(server.release(&lease).await.0, StatusCode::OK);
+    server.stop().await;
+
+    let conn = rusqlite::Connection::open(&path).expect("open");
+    conn.busy_timeout(Duration::ZERO).expect("no waiting");
+    conn.execute_batch("PRAGMA locking_mode = EXCLUSIVE")
+        .expect("exclusive locking");
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = DELETE", [], |row| row.get(0))
+        .expect("nobody else has the file open");
+    assert_eq!(mode, "delete");
+}
