@@ -5,7 +5,8 @@
 # Palisade run sits next to the baseline run it is divided by (odd rounds
 # Palisade first, even rounds the baseline first), so a machine whose speed
 # drifts within minutes moves both sides of a ratio alike. Prints every
-# round's ratio and, per target, the median and the range over the rounds.
+# round's ratio and, per target, the median and the range over the rounds;
+# then, per backend, the hot scenario's longest wait and lowest Jain index.
 # bench/compare.sh runs every scenario once and the baselines afterwards;
 # this runs fewer scenarios, several times.
 #
@@ -66,7 +67,15 @@ palisade_run() {
 # pgbench-acquire-p50 (p50 ms of one client running acquire_cte.sql).
 measure() {
   case $1 in
-    cycle | hot | write | stale) palisade_run "$CLIENTS" "$1" | jq -r '.ops_per_sec' ;;
+    cycle | write | stale) palisade_run "$CLIENTS" "$1" | jq -r '.ops_per_sec' ;;
+    hot)
+      # Fairness too: the longest any waiter waited, and Jain's index over
+      # the clients' handoffs (1 is perfectly even), per backend.
+      local run
+      run=$(palisade_run "$CLIENTS" hot)
+      jq -r --arg b "$backend" '"\($b) \(.max_wait_ms) \(.jain_fairness)"' <<<"$run" >>"$WORK/fairness"
+      jq -r '.ops_per_sec' <<<"$run"
+      ;;
     acquire-p50) palisade_run 1 acquire | jq -r '.p50_ms' ;;
     etcd-distinct) etcd_out distinct | field ops_per_s ;;
     etcd-hot) etcd_out hot | field ops_per_s ;;
@@ -162,5 +171,12 @@ while read -r backend scenario baseline goal cmp; do
   printf '%-8s %-11s vs %-19s %5.2fx [%.2f-%.2f]  goal %s %sx: %s\n' \
     "$backend" "$scenario" "$baseline" "$m" "$lo" "$hi" "$sign" "$goal" "$met"
 done < <(targets)
+if [[ -s $WORK/fairness ]]; then
+  for backend in $BACKENDS; do
+    awk -v b="$backend" '$1 == b { if ($2 > w) w = $2; if (j == "" || $3 < j) j = $3 }
+      END { if (j != "") printf "%-8s hot fairness: longest wait %.0f ms, lowest Jain index %.6f\n", b, w, j }' \
+      "$WORK/fairness"
+  done
+fi
 psql_q -d postgres -c "DROP DATABASE IF EXISTS $PG_DB WITH (FORCE)"
 psql_q -d postgres -c "DROP DATABASE IF EXISTS $PG_BASELINE_DB WITH (FORCE)"
