@@ -14,7 +14,15 @@ use crate::support::{Backend, TestDb, TestServer};
 
 /// Inserts `count` events for `resource`, two hours old by the database
 /// clock, straight into the test database.
-async fn insert_backdated_events(db: &TestDb, backend: &Backend, resource: &str, count: usize) {
+/// `count` `acquired` events of `resource`, `hours` old (one millisecond
+/// apart, oldest first), with tokens 1, 2, … in that order.
+async fn insert_backdated_events(
+    db: &TestDb,
+    backend: &Backend,
+    resource: &str,
+    count: usize,
+    hours: i64,
+) {
     use sqlx::Connection;
     for i in 0..count {
         match backend {
@@ -22,10 +30,12 @@ async fn insert_backdated_events(db: &TestDb, backend: &Backend, resource: &str,
                 let mut conn = sqlx::SqliteConnection::connect(&db.url).await.unwrap();
                 sqlx::query(
                     "INSERT INTO events (at, kind, resource, token, holder, detail) VALUES \
-                     (CAST(unixepoch('subsec') * 1000 AS INTEGER) - 7200000 + ?, 'acquired', ?, 1, 'h', '{}')",
+                     (CAST(unixepoch('subsec') * 1000 AS INTEGER) - ? + ?, 'acquired', ?, ?, 'h', '{}')",
                 )
+                .bind(hours * 3_600_000)
                 .bind(i as i64)
                 .bind(resource)
+                .bind(i as i64 + 1)
                 .execute(&mut conn)
                 .await
                 .unwrap();
@@ -35,10 +45,12 @@ async fn insert_backdated_events(db: &TestDb, backend: &Backend, resource: &str,
                 let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
                 sqlx::query(
                     "INSERT INTO events (at, kind, resource, token, holder, detail) VALUES \
-                     (now() - interval '2 hours' + make_interval(secs => $1), 'acquired', $2, 1, 'h', '{}')",
+                     (now() - make_interval(hours => $1) + make_interval(secs => $2), 'acquired', $3, $4, 'h', '{}')",
                 )
+                .bind(hours as i32)
                 .bind(i as f64 / 1000.0)
                 .bind(resource)
+                .bind(i as i64 + 1)
                 .execute(&mut conn)
                 .await
                 .unwrap();
@@ -68,9 +80,9 @@ async fn old_events_are_pruned_in_batches_keeping_each_resources_last(backend: B
     assert_eq!(status, StatusCode::OK);
 
     // "forgotten": only old events; the newest of them must stay.
-    insert_backdated_events(&db, &backend, "forgotten", 7).await;
+    insert_backdated_events(&db, &backend, "forgotten", 7, 2).await;
     // "busy": old events, then a recent one; all the old ones go.
-    insert_backdated_events(&db, &backend, "busy", 5).await;
+    insert_backdated_events(&db, &backend, "busy", 5, 2).await;
     let busy = s.acquire("busy", "bob", 60_000).await;
 
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -78,9 +90,10 @@ async fn old_events_are_pruned_in_batches_keeping_each_resources_last(backend: B
         let forgotten = events_of(&s, "forgotten").await;
         let busy_events = events_of(&s, "busy").await;
         if forgotten.len() == 1 && busy_events.len() == 1 {
-            // The kept event is the newest one (highest id, latest time).
+            // The kept event is the newest one: the last inserted (token 7).
             let at = forgotten[0]["at"].as_str().unwrap().to_owned();
             assert!(at.as_str() < chrono_now_minus_hours(1).as_str(), "{at}");
+            assert_eq!(forgotten[0]["token"], 7, "{forgotten:?}");
             assert_eq!(busy_events[0]["kind"], "acquired");
             assert_eq!(busy_events[0]["token"], busy["token"]);
             break;
@@ -117,8 +130,12 @@ async fn retention_off_keeps_everything(backend: Backend) {
     let db = TestDb::create(&backend).await;
     let mut config = Config::for_tests(&db.url);
     config.event_retention = None;
+    // Events older than the default retention (30 days) are there before
+    // the server starts, so the pass a retention task makes at start would
+    // prune all but the newest if `None` were not honoured.
+    TestServer::start_with(config.clone()).await.stop().await;
+    insert_backdated_events(&db, &backend, "ancient", 4, 40 * 24).await;
     let s = TestServer::start_with(config).await;
-    insert_backdated_events(&db, &backend, "ancient", 4).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(events_of(&s, "ancient").await.len(), 4);
     s.stop().await;
