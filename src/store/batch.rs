@@ -78,7 +78,7 @@ struct Pending {
 }
 
 /// How batches are formed.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GroupCommitConfig {
     /// Batch transactions in flight: one runs while the others commit
     /// (SQLite always uses one: it has one writer).
@@ -913,12 +913,35 @@ mod tests {
         let outcomes: Vec<String> = results
             .into_iter()
             .map(|r| match r.expect("request") {
-                WriteReply::Acquire(r) => format!("{:?}", std::mem::discriminant(&r.outcome)),
-                WriteReply::Renew(r) => format!("{:?}", std::mem::discriminant(&r.outcome)),
-                WriteReply::Release(r) => format!("{:?}", std::mem::discriminant(&r.outcome)),
-                WriteReply::ForceRelease(r) => {
-                    format!("{:?}", std::mem::discriminant(&r.outcome))
-                }
+                WriteReply::Acquire(r) => match r.outcome {
+                    AcquireOutcome::Granted { lease, .. } => {
+                        format!("granted {} {}", lease.resource.as_str(), lease.token.get())
+                    }
+                    other => format!("acquire {other:?}"),
+                },
+                WriteReply::Renew(r) => match r.outcome {
+                    RenewOutcome::Renewed { lease, .. } => {
+                        format!("renewed {}", lease.resource.as_str())
+                    }
+                    other => format!("renew {other:?}"),
+                },
+                WriteReply::Release(r) => match r.outcome {
+                    ReleaseOutcome::Released(lease) => {
+                        format!("released {}", lease.resource.as_str())
+                    }
+                    ReleaseOutcome::NotFound => "release not found".to_owned(),
+                    other => format!("release {other:?}"),
+                },
+                WriteReply::ForceRelease(r) => match r.outcome {
+                    ForceReleaseOutcome::Released(lease) => {
+                        format!(
+                            "force released {} {}",
+                            lease.resource.as_str(),
+                            lease.token.get()
+                        )
+                    }
+                    other => format!("force release {other:?}"),
+                },
                 WriteReply::Fence(r) => match r.outcome {
                     FenceOutcome::Accepted { version, .. } => format!("accepted {version:?}"),
                     FenceOutcome::Rejected(rej) => format!("rejected unknown={}", rej.unknown),
@@ -928,6 +951,19 @@ mod tests {
                 }
             })
             .collect();
+        // The lease requests, each answered with its own outcome.
+        assert_eq!(outcomes[0], "granted fresh 1");
+        assert_eq!(outcomes[5], "renewed renewed");
+        assert_eq!(outcomes[6], "released held");
+        assert_eq!(outcomes[7], "release not found");
+        assert_eq!(
+            outcomes[8],
+            format!("granted held {}", held.token.get() + 1)
+        );
+        assert_eq!(
+            outcomes[10],
+            format!("force released renewed {}", renewed.token.get())
+        );
         // Fences: accepted on the lease acquired earlier in the batch, twice
         // on the held lease (a write then a check), unknown on a resource
         // never used, stale after the release and re-acquire.
