@@ -516,6 +516,16 @@ mod tests {
         assert_eq!(checkpoint_pages(65536), 640);
     }
 
+    /// An in-memory database has no file for a second connection, so group
+    /// commit runs on sqlx's writer (batch.rs, `start_sqlite`).
+    #[tokio::test]
+    async fn an_in_memory_database_has_no_direct_writer() {
+        let backend = SqliteBackend::connect("sqlite::memory:")
+            .await
+            .expect("connect");
+        assert!(backend.direct_writer().is_none());
+    }
+
     #[test]
     fn the_writer_opens_only_the_migrated_file() {
         let dir = tempfile::tempdir().expect("temp dir");

@@ -166,3 +166,21 @@ on_both_backends!(
     a_crowd_of_waiters_is_served_in_full_with_group_commit,
     acknowledged_writes_survive_a_crash_mid_batch,
 );
+
+/// The harness batches writes exactly as `palisade serve` does by default,
+/// so the suite tests what runs in production (it once did not: group
+/// commit became the default while the harness kept it off).
+#[test]
+fn the_test_harness_batches_like_palisade_serve() {
+    use clap::Parser;
+    use palisade::cli::{Cli, Command};
+    let Command::Serve(args) = Cli::parse_from(["palisade", "serve"]).command else {
+        panic!("not the serve command");
+    };
+    let serve = args.into_config().group_commit;
+    assert!(serve.is_some(), "serve batches by default");
+    assert_eq!(
+        palisade::app::Config::for_tests("sqlite://x.db").group_commit,
+        serve
+    );
+}
