@@ -40,9 +40,9 @@ async fn acquire_waiting(
     .await
 }
 
-async fn waiters_are_served_in_arrival_order(backend: Backend) {
+async fn waiters_are_served_in_arrival_order_on(h: Harness) {
     const WAITERS: usize = 10;
-    let Harness { server, db } = Harness::start(&backend).await;
+    let Harness { server, db } = h;
     let s = Arc::new(server);
     let first = s.acquire("fifo", "holder", 60_000).await;
     let order = Arc::new(Mutex::new(Vec::new()));
@@ -74,9 +74,9 @@ async fn waiters_are_served_in_arrival_order(backend: Backend) {
     finish(s, db).await;
 }
 
-async fn no_waiter_starves_on_a_hot_resource(backend: Backend) {
+async fn no_waiter_starves_on_a_hot_resource_on(h: Harness) {
     const CLIENTS: usize = 8;
-    let Harness { server, db } = Harness::start(&backend).await;
+    let Harness { server, db } = h;
     let s = Arc::new(server);
     let stop_at = Instant::now() + Duration::from_secs(2);
     let mut tasks = Vec::new();
@@ -117,9 +117,9 @@ async fn no_waiter_starves_on_a_hot_resource(backend: Backend) {
     finish(s, db).await;
 }
 
-async fn a_crowd_of_waiters_is_served_in_full(backend: Backend) {
+async fn a_crowd_of_waiters_is_served_in_full_on(h: Harness) {
     const WAITERS: usize = 40;
-    let Harness { server, db } = Harness::start(&backend).await;
+    let Harness { server, db } = h;
     let s = Arc::new(server);
     let tasks: Vec<_> = (0..WAITERS)
         .map(|i| {
@@ -153,10 +153,43 @@ async fn a_crowd_of_waiters_is_served_in_full(backend: Backend) {
     finish(s, db).await;
 }
 
+// Each case twice: with group commit (the default, where a release grants
+// the next waiter in its own batch) and with one transaction per request
+// (where the woken waiter retries its acquire).
+async fn waiters_are_served_in_arrival_order(backend: Backend) {
+    waiters_are_served_in_arrival_order_on(Harness::start(&backend).await).await;
+}
+
+async fn waiters_are_served_in_arrival_order_without_group_commit(backend: Backend) {
+    waiters_are_served_in_arrival_order_on(Harness::start_without_group_commit(&backend).await)
+        .await;
+}
+
+async fn no_waiter_starves_on_a_hot_resource(backend: Backend) {
+    no_waiter_starves_on_a_hot_resource_on(Harness::start(&backend).await).await;
+}
+
+async fn no_waiter_starves_on_a_hot_resource_without_group_commit(backend: Backend) {
+    no_waiter_starves_on_a_hot_resource_on(Harness::start_without_group_commit(&backend).await)
+        .await;
+}
+
+async fn a_crowd_of_waiters_is_served_in_full(backend: Backend) {
+    a_crowd_of_waiters_is_served_in_full_on(Harness::start(&backend).await).await;
+}
+
+async fn a_crowd_of_waiters_is_served_in_full_without_group_commit(backend: Backend) {
+    a_crowd_of_waiters_is_served_in_full_on(Harness::start_without_group_commit(&backend).await)
+        .await;
+}
+
 on_both_backends!(
     waiters_are_served_in_arrival_order,
     no_waiter_starves_on_a_hot_resource,
     a_crowd_of_waiters_is_served_in_full,
+    waiters_are_served_in_arrival_order_without_group_commit,
+    no_waiter_starves_on_a_hot_resource_without_group_commit,
+    a_crowd_of_waiters_is_served_in_full_without_group_commit,
 );
 
 /// A queue on one instance is handed the resource by releases made through
