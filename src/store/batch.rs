@@ -26,7 +26,7 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{Mutex, Semaphore, mpsc, oneshot};
+use tokio::sync::{Mutex, Semaphore, mpsc, oneshot, watch};
 
 use super::ops;
 use super::staged::{BatchTx, Plan, StagedTx};
@@ -109,14 +109,12 @@ pub struct GroupCommit {
 /// (SQLite's in-process writer has one), for a shutdown that leaves the
 /// database file to itself. Holding it does not keep the writers running.
 #[derive(Clone)]
-pub struct WritersStopped(Arc<Mutex<mpsc::Receiver<()>>>);
+pub struct WritersStopped(Arc<watch::Sender<()>>);
 
 impl WritersStopped {
+    /// Each writer holds a receiver of this channel until it has ended.
     pub async fn wait(&self) {
-        // Nothing is ever sent: `recv` answers `None` once every writer has
-        // dropped its end.
-        let mut ended = self.0.lock().await;
-        while ended.recv().await.is_some() {}
+        self.0.closed().await;
     }
 }
 
@@ -135,7 +133,7 @@ impl GroupCommit {
         // at once split the traffic into smaller batches and measured 20–25%
         // slower (docs/performance.md).
         let gate = Arc::new(Semaphore::new(1));
-        let (running, stopped) = mpsc::channel(1);
+        let (stopped, running) = watch::channel(());
         for _ in 0..writers {
             let writer = Writer {
                 receiver: receiver.clone(),
@@ -153,7 +151,7 @@ impl GroupCommit {
         }
         Self {
             queue,
-            stopped: WritersStopped(Arc::new(Mutex::new(stopped))),
+            stopped: WritersStopped(Arc::new(stopped)),
         }
     }
 
@@ -287,7 +285,7 @@ struct Writer {
     max_batch: usize,
     waiters: Waiters,
     /// Dropped when the writer has ended (see [`WritersStopped`]).
-    running: mpsc::Sender<()>,
+    running: watch::Receiver<()>,
 }
 
 impl Writer {
