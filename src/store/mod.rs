@@ -230,10 +230,16 @@ macro_rules! with_backend {
     };
 }
 
+/// Whether a database URL names PostgreSQL (anything else is SQLite's
+/// `sqlite:` or refused).
+pub(crate) fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
 impl Store {
     /// Connects to `url` (`sqlite://…` or `postgres://…`) and runs migrations.
     pub async fn connect(url: &str) -> StoreResult<Self> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        if is_postgres_url(url) {
             Ok(Store::Postgres(postgres::PgBackend::connect(url).await?))
         } else if url.starts_with("sqlite:") {
             Ok(Store::Sqlite(sqlite::SqliteBackend::connect(url).await?))

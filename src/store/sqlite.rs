@@ -164,6 +164,12 @@ pub(super) mod sql {
         FROM json_each(?1) ORDER BY key";
 }
 
+/// True on a file that holds Palisade's tables: the check made before a
+/// connection other than sqlx's migrated pool (the in-process writer,
+/// `palisade repack`) works on a file.
+pub(super) const IS_PALISADE_SCHEMA: &str = "SELECT count(*) = 4 FROM sqlite_master \
+    WHERE type = 'table' AND name IN ('resources', 'leases', 'fenced_values', 'events')";
+
 /// The page size a new database file is created with.
 pub const NEW_DATABASE_PAGE_SIZE: u32 = 1024;
 

@@ -15,11 +15,12 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use rusqlite::{Connection, ErrorCode, OpenFlags};
+use rusqlite::{Connection, ErrorCode};
 use sqlx::sqlite::SqliteConnectOptions;
 
-use super::sqlite::is_in_memory;
-use super::{StoreError, StoreResult};
+use super::sqlite::{IS_PALISADE_SCHEMA, is_in_memory};
+use super::sqlite_writer::open_existing;
+use super::{StoreError, StoreResult, is_postgres_url};
 
 /// How long repacking waits for a lock before calling the database in use.
 const BUSY_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -60,7 +61,7 @@ pub fn valid_page_size(size: u32) -> bool {
 
 /// The file a `sqlite://…` URL names; other URLs are refused.
 fn database_path(url: &str) -> StoreResult<PathBuf> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+    if is_postgres_url(url) {
         return Err(StoreError::InvalidData(
             "repack rewrites SQLite files; a PostgreSQL database needs none".into(),
         ));
@@ -133,22 +134,14 @@ pub fn repack(url: &str, page_size: u32) -> StoreResult<Repacked> {
     // Never creates the file. Waits a little for locks (a server that has
     // just stopped may still be closing its connections), then calls the
     // database in use.
-    let conn = Connection::open_with_flags(
-        &path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
+    let conn = open_existing(&path)?;
     conn.busy_timeout(BUSY_WAIT)?;
     // Every lock this connection takes is held until it closes: once it has
     // the file to itself (leaving WAL mode takes an exclusive lock), nobody
     // can open it between the steps below.
     conn.execute_batch("PRAGMA locking_mode = EXCLUSIVE;")?;
     let palisade: bool = conn
-        .query_row(
-            "SELECT count(*) = 4 FROM sqlite_master WHERE type = 'table' \
-             AND name IN ('resources', 'leases', 'fenced_values', 'events')",
-            [],
-            |row| row.get(0),
-        )
+        .query_row(IS_PALISADE_SCHEMA, [], |row| row.get(0))
         .map_err(in_use)?;
     if !palisade {
         return Err(StoreError::InvalidData(format!(

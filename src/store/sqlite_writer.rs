@@ -27,7 +27,9 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use super::rows::{
     ClockedLeaseRow, DbTime, LeaseRow, ResourceDbRow, ValueRow, into_lease, unix_ms,
 };
-use super::sqlite::{all_leases_updated, ids_param, names_param, parse_names, sql, tokens_param};
+use super::sqlite::{
+    IS_PALISADE_SCHEMA, all_leases_updated, ids_param, names_param, parse_names, sql, tokens_param,
+};
 use super::staged::{BatchTx, Changes};
 use super::types::{NewEvent, ResourceRow, StoredValue};
 use super::{ResourceTx, StoreError, StoreResult, Writes, classify_database_error};
@@ -48,23 +50,24 @@ pub struct DirectWriter {
     conn: Arc<Mutex<Connection>>,
 }
 
+/// A connection to the existing database file at `path`: never creates
+/// one, and takes `path` as a file name, not a URI.
+pub(super) fn open_existing(path: &Path) -> rusqlite::Result<Connection> {
+    Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+}
+
 impl DirectWriter {
     /// Opens a second connection to the (already migrated) database file
     /// at `path`, with the same durability settings as sqlx's.
     pub fn open(path: &Path) -> StoreResult<Self> {
-        // Never creates a file, and takes `path` as a file name, not a URI:
-        // a name that is not the migrated file sqlx opened (an in-memory
+        // A name that is not the migrated file sqlx opened (an in-memory
         // database's made-up name, say) fails here, and group commit then
         // writes through sqlx instead.
-        let conn = Connection::open_with_flags(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )?;
-        let migrated: bool = conn.query_row(
-            "SELECT count(*) > 0 FROM sqlite_master WHERE name = '_sqlx_migrations'",
-            [],
-            |row| row.get(0),
-        )?;
+        let conn = open_existing(path)?;
+        let migrated: bool = conn.query_row(IS_PALISADE_SCHEMA, [], |row| row.get(0))?;
         if !migrated {
             return Err(StoreError::Unavailable(format!(
                 "{} is not the migrated database",
