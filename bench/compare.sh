@@ -134,11 +134,8 @@ pgbench_run() {
   out=$(cd "$WORK" && pgbench_out "$clients" "$script" "$@")
   tps=$(awk '/^tps = / { print $3 }' <<<"$out")
   record "pgbench.$name.c$clients.ops" "$tps"
-  # Per-transaction log: the third column is the latency in microseconds.
   local p50
-  p50=$(cat "$WORK"/pgbench_log.* | awk '{ print $3 }' | sort -n \
-    | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] / 1000 }')
-  rm -f "$WORK"/pgbench_log.*
+  p50=$(pgbench_log_p50_ms)
   record "pgbench.$name.c$clients.p50_ms" "$p50"
   echo "pgbench $name c=$clients: $tps tps, p50 $p50 ms" >&2
 }

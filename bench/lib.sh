@@ -87,6 +87,14 @@ pgbench_out() {
     "$PG_BASELINE_DB" 2>&1
 }
 
+# pgbench_log_p50_ms: the median latency (ms) in the per-transaction logs
+# pgbench_out left in $WORK (third column, µs; pgbench 15 writes "failed"
+# there for a failed transaction, which is left out), then removes them.
+pgbench_log_p50_ms() {
+  cat "$WORK"/pgbench_log.* | awk '$3 ~ /^[0-9]+$/ { print $3 / 1000 }' | median
+  rm -f "$WORK"/pgbench_log.*
+}
+
 # fresh_baseline_db: $PG_BASELINE_DB, dropped and created with the shared schema.
 fresh_baseline_db() {
   psql_q -d postgres -c "DROP DATABASE IF EXISTS $PG_BASELINE_DB WITH (FORCE)"

@@ -92,15 +92,12 @@ measure() {
       ;;
     pgbench-acquire-p50)
       fresh_baseline_db >/dev/null
-      # The per-transaction log's third column is the latency in µs.
       local out
       out=$(cd "$WORK" && pgbench_out 1 acquire_cte.sql -D nres=10000 -D ttl=0) || {
         echo "$out" >&2
         return 1
       }
-      # Numbers only: pgbench 15 logs a failed transaction as "failed".
-      cat "$WORK"/pgbench_log.* | awk '$3 ~ /^[0-9]+$/ { print $3 / 1000 }' | median
-      rm -f "$WORK"/pgbench_log.*
+      pgbench_log_p50_ms
       ;;
     *) echo "unknown measure $1" >&2 && exit 2 ;;
   esac
