@@ -1000,6 +1000,14 @@ mod tests {
                 .is_none(),
             "force-released"
         );
+        // Every lease row, made outside a batch or in this one (also the
+        // grant that follows a release of the same resource), keeps its
+        // own `acquired` event's id.
+        assert_eq!(
+            crate::store::lease_links(&store).await,
+            (5, vec![]),
+            "lease rows and those not linked to their acquired event"
+        );
         drop(answers);
         store.close().await;
     }

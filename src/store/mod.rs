@@ -144,6 +144,9 @@ pub trait ResourceTx: Send {
         name: &ResourceName,
         token: Token,
     ) -> impl Future<Output = StoreResult<Option<Lease>>> + Send;
+    /// Inserts a new lease after its `acquired` event (`insert_event`, in
+    /// this transaction), whose id the row keeps: a lease's story is read
+    /// from there.
     fn insert_lease(&mut self, lease: &Lease) -> impl Future<Output = StoreResult<()>> + Send;
     fn update_lease(&mut self, lease: &Lease) -> impl Future<Output = StoreResult<()>> + Send;
     /// Writes the fenced value and returns its new version.
@@ -351,6 +354,15 @@ impl Store {
 /// when PostgreSQL is not configured outside CI.
 #[cfg(test)]
 pub(crate) async fn test_postgres_store(tag: &str) -> Option<(Store, impl AsyncFnOnce())> {
+    let (url, drop_db) = test_postgres_db(tag).await?;
+    let store = Store::connect(&url).await.expect("connect");
+    Some((store, drop_db))
+}
+
+/// A fresh, empty PostgreSQL database's URL, and how to drop it; `None`
+/// when PostgreSQL is not configured outside CI.
+#[cfg(test)]
+pub(crate) async fn test_postgres_db(tag: &str) -> Option<(String, impl AsyncFnOnce())> {
     use sqlx::Connection;
     let Ok(admin_url) = std::env::var("PALISADE_TEST_POSTGRES_URL") else {
         let in_ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false");
@@ -374,16 +386,14 @@ pub(crate) async fn test_postgres_store(tag: &str) -> Option<(Store, impl AsyncF
         .await
         .expect("create database");
     let (base, _) = admin_url.rsplit_once('/').expect("URL with a database");
-    let store = Store::connect(&format!("{base}/{name}"))
-        .await
-        .expect("connect");
+    let url = format!("{base}/{name}");
     let drop_db = async move || {
         sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
             .execute(&mut admin)
             .await
             .expect("drop database");
     };
-    Some((store, drop_db))
+    Some((url, drop_db))
 }
 
 /// A store on a fresh SQLite database file in `dir`.
@@ -391,6 +401,38 @@ pub(crate) async fn test_postgres_store(tag: &str) -> Option<(Store, impl AsyncF
 pub(crate) async fn test_sqlite_store(dir: &tempfile::TempDir) -> Store {
     let url = format!("sqlite://{}", dir.path().join("test.db").display());
     Store::connect(&url).await.expect("connect")
+}
+
+/// The number of lease rows in `store`, and the (resource, token) of those
+/// whose `acquired_event_id` is not their own `acquired` event's id.
+#[cfg(test)]
+pub(crate) async fn lease_links(store: &Store) -> (i64, Vec<(String, i64)>) {
+    const UNLINKED: &str = "SELECT resource, token FROM leases AS l WHERE NOT EXISTS \
+        (SELECT 1 FROM events AS e WHERE e.id = l.acquired_event_id AND e.kind = 'acquired' \
+           AND e.resource = l.resource AND e.token = l.token) ORDER BY resource, token";
+    const COUNT: &str = "SELECT count(*) FROM leases";
+    match store {
+        Store::Sqlite(b) => (
+            sqlx::query_scalar(COUNT)
+                .fetch_one(b.readers())
+                .await
+                .expect("count"),
+            sqlx::query_as(UNLINKED)
+                .fetch_all(b.readers())
+                .await
+                .expect("links"),
+        ),
+        Store::Postgres(b) => (
+            sqlx::query_scalar(COUNT)
+                .fetch_one(b.pool())
+                .await
+                .expect("count"),
+            sqlx::query_as(UNLINKED)
+                .fetch_all(b.pool())
+                .await
+                .expect("links"),
+        ),
+    }
 }
 
 /// Runs each `async fn case(store: Store)` as two tests, one per backend:

@@ -136,16 +136,17 @@ pub async fn acquire_in<T: ResourceTx>(
                 ended_at: None,
                 request_id: req.request_id.clone(),
             };
-            tx.insert_lease(&lease).await?;
-            row.last_token = token.get();
-            let _ = row.note_activity(now);
-            tx.save_resource(&row).await?;
             let detail = json!({
                 "ttl_ms": lease.ttl_ms,
                 "expires_at": rfc3339(lease.expires_at),
             });
+            // The event first: the lease row keeps its id.
             tx.insert_event(&lease_event(EventKind::Acquired, &lease, now, detail))
                 .await?;
+            tx.insert_lease(&lease).await?;
+            row.last_token = token.get();
+            let _ = row.note_activity(now);
+            tx.save_resource(&row).await?;
             AcquireOutcome::Granted {
                 lease,
                 expired: settled.expired.clone(),

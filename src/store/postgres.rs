@@ -378,9 +378,15 @@ impl ResourceTx for PgTx {
         into_lease(row)
     }
 
+    /// The `acquired` event is the last row this session inserted into
+    /// `events` (`currval`, looked up by primary key, and checked): a
+    /// search by resource would read the resource's whole history here.
     async fn insert_lease(&mut self, l: &Lease) -> StoreResult<()> {
         sqlx::query(&format!(
-            "INSERT INTO leases ({LEASE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+            "INSERT INTO leases ({LEASE_COLUMNS}, acquired_event_id) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
+               (SELECT id FROM events WHERE id = (SELECT currval(pg_get_serial_sequence('events', 'id'))) \
+                  AND resource = $2 AND token = $3 AND kind = 'acquired'))"
         ))
         .bind(l.lease_id.as_str())
         .bind(l.resource.as_str())
@@ -497,8 +503,10 @@ struct CreatedResourceRow {
 
 /// A whole batch's writes in one statement (see `BatchTx::flush`). Event ids
 /// are handed out in the order the rows are inserted, so a batch's events
-/// keep the order they happened in. Lease-ended notifications are delivered
-/// on commit.
+/// keep the order they happened in. A new lease row keeps its `acquired`
+/// event's id, taken from the rows `evt` returns (the statement's parts
+/// share one snapshot, so the table would not show them yet).
+/// Lease-ended notifications are delivered on commit.
 ///
 /// A lease ending and a new lease on the same resource must be written in
 /// that order: the one-active-lease index is checked row by row, and an
@@ -526,11 +534,21 @@ upd AS ( \
   FROM unnest($5::text[], $6::text[], $7::bigint[], $8::timestamptz[], $9::timestamptz[]) \
     AS u(lease_id, state, ttl_ms, expires_at, ended_at) \
   WHERE l.lease_id = u.lease_id RETURNING 1), \
+evt AS ( \
+  INSERT INTO events (at, kind, resource, token, holder, detail) \
+  SELECT at, kind, resource, token, holder, detail::jsonb FROM unnest($25::timestamptz[], \
+    $26::text[], $27::text[], $28::bigint[], $29::text[], $30::text[]) \
+    WITH ORDINALITY AS e(at, kind, resource, token, holder, detail, n) \
+  ORDER BY n RETURNING id, kind, resource, token), \
 ins AS ( \
   INSERT INTO leases (lease_id, resource, token, holder, state, ttl_ms, acquired_at, \
-    expires_at, ended_at, request_id) \
-  SELECT * FROM unnest($10::text[], $11::text[], $12::bigint[], $13::text[], $14::text[], \
-    $15::bigint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz[], $19::text[]) \
+    expires_at, ended_at, request_id, acquired_event_id) \
+  SELECT u.*, a.id FROM unnest($10::text[], $11::text[], $12::bigint[], $13::text[], \
+    $14::text[], $15::bigint[], $16::timestamptz[], $17::timestamptz[], $18::timestamptz[], \
+    $19::text[]) AS u(lease_id, resource, token, holder, state, ttl_ms, acquired_at, \
+      expires_at, ended_at, request_id) \
+  LEFT JOIN evt AS a ON a.kind = 'acquired' AND a.resource = u.resource \
+    AND a.token = u.token \
   WHERE (SELECT count(*) FROM upd) >= 0 \
   RETURNING 1), \
 val AS ( \
@@ -540,12 +558,6 @@ val AS ( \
   ON CONFLICT (resource) DO UPDATE SET value = excluded.value, token = excluded.token, \
     version = excluded.version, updated_at = excluded.updated_at \
   RETURNING 1), \
-evt AS ( \
-  INSERT INTO events (at, kind, resource, token, holder, detail) \
-  SELECT at, kind, resource, token, holder, detail::jsonb FROM unnest($25::timestamptz[], \
-    $26::text[], $27::text[], $28::bigint[], $29::text[], $30::text[]) \
-    WITH ORDINALITY AS e(at, kind, resource, token, holder, detail, n) \
-  ORDER BY n RETURNING 1), \
 del AS (DELETE FROM resources WHERE name = ANY($31) RETURNING 1) \
 SELECT (SELECT count(*) FROM upd) AS updated, \
   (SELECT count(pg_notify($32, n)) FROM unnest($33::text[]) AS n) AS notified";

@@ -74,10 +74,27 @@ pub(super) mod sql {
         lease_columns!(),
         " FROM leases WHERE resource = ? AND token = ?"
     );
+    /// The lease row keeps its `acquired` event's id: the event is written
+    /// first, and found as the newest `acquired` event of the resource
+    /// with that token (a few index entries from the end of the
+    /// resource's range).
+    macro_rules! acquired_event_of {
+        ($resource:literal, $token:literal) => {
+            concat!(
+                "(SELECT id FROM events INDEXED BY events_by_resource WHERE resource = ",
+                $resource,
+                " AND token = ",
+                $token,
+                " AND kind = 'acquired' ORDER BY id DESC LIMIT 1)"
+            )
+        };
+    }
     pub const INSERT_LEASE: &str = concat!(
         "INSERT INTO leases (",
         lease_columns!(),
-        ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        ", acquired_event_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ",
+        acquired_event_of!("?2", "?3"),
+        ")"
     );
     pub const UPDATE_LEASE: &str =
         "UPDATE leases SET state = ?, ttl_ms = ?, expires_at = ?, ended_at = ? WHERE lease_id = ?";
@@ -143,12 +160,14 @@ pub(super) mod sql {
     pub const FLUSH_UPDATED_LEASES: &str = "UPDATE leases SET state = u.value ->> 1, \
         ttl_ms = u.value ->> 2, expires_at = u.value ->> 3, ended_at = u.value ->> 4 \
         FROM json_each(?1) AS u WHERE leases.lease_id = u.value ->> 0";
+    /// After the batch's events, like [`INSERT_LEASE`].
     pub const FLUSH_NEW_LEASES: &str = concat!(
         "INSERT INTO leases (",
         lease_columns!(),
-        ") SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, \
-           value ->> 5, value ->> 6, value ->> 7, value ->> 8, value ->> 9 \
-         FROM json_each(?1) ORDER BY key"
+        ", acquired_event_id) SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, \
+           value ->> 4, value ->> 5, value ->> 6, value ->> 7, value ->> 8, value ->> 9, ",
+        acquired_event_of!("value ->> 1", "value ->> 2"),
+        " FROM json_each(?1) ORDER BY key"
     );
     pub const FLUSH_VALUES: &str = "INSERT INTO fenced_values \
         (resource, value, token, version, updated_at) \
@@ -654,7 +673,8 @@ pub(super) fn all_leases_updated(expected: u64, changed: u64) -> StoreResult<()>
 
 /// The statements that write `changes`, in the order that matters: endings
 /// before new leases (the one-active-lease index is checked row by row),
-/// and unused resources deleted last.
+/// events before new leases (a lease row looks up its `acquired` event's
+/// id), and unused resources deleted last.
 pub(super) fn flush_steps(changes: &Changes) -> StoreResult<Vec<FlushStep>> {
     let mut steps = Vec::with_capacity(6);
     let mut step = |sql, rows, expect| {
@@ -684,6 +704,19 @@ pub(super) fn flush_steps(changes: &Changes) -> StoreResult<Vec<FlushStep>> {
         let expect = changes.updated_leases.len() as u64;
         step(sql::FLUSH_UPDATED_LEASES, rows, Some(expect));
     }
+    if !changes.events.is_empty() {
+        let rows = json_rows(changes.events.iter().map(|e| {
+            (
+                unix_ms(e.at),
+                e.kind.as_str(),
+                e.resource.as_str(),
+                e.token.map(Token::get),
+                e.holder.as_ref().map(|h| h.as_str()),
+                e.detail.to_string(),
+            )
+        }))?;
+        step(sql::FLUSH_EVENTS, rows, None);
+    }
     if !changes.new_leases.is_empty() {
         let rows = json_rows(changes.new_leases.iter().map(|l| {
             (
@@ -712,19 +745,6 @@ pub(super) fn flush_steps(changes: &Changes) -> StoreResult<Vec<FlushStep>> {
             )
         }))?;
         step(sql::FLUSH_VALUES, rows, None);
-    }
-    if !changes.events.is_empty() {
-        let rows = json_rows(changes.events.iter().map(|e| {
-            (
-                unix_ms(e.at),
-                e.kind.as_str(),
-                e.resource.as_str(),
-                e.token.map(Token::get),
-                e.holder.as_ref().map(|h| h.as_str()),
-                e.detail.to_string(),
-            )
-        }))?;
-        step(sql::FLUSH_EVENTS, rows, None);
     }
     if !changes.unused.is_empty() {
         step(sql::DELETE_RESOURCES, names_param(&changes.unused)?, None);

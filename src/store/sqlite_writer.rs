@@ -437,7 +437,8 @@ impl BatchTx for DirectTx {
     }
 
     /// One cached statement per row, in the order `flush_steps` gives the
-    /// sqlx path (endings before new leases, unused resources last). In
+    /// sqlx path (endings and events before new leases, unused resources
+    /// last). In
     /// process a statement costs no round trip, so binding each row skips
     /// encoding the batch as JSON for `json_each` to decode (SQLite cycles
     /// +5-10% on 7 December). The reads keep their multi-row statements:
@@ -451,6 +452,9 @@ impl BatchTx for DirectTx {
             updated += self.update_lease_row(lease)?;
         }
         all_leases_updated(changes.updated_leases.len() as u64, updated as u64)?;
+        for event in &changes.events {
+            self.insert_event(event).await?;
+        }
         for lease in &changes.new_leases {
             self.insert_lease(lease).await?;
         }
@@ -465,9 +469,6 @@ impl BatchTx for DirectTx {
                     unix_ms(v.updated_at),
                 ),
             )?;
-        }
-        for event in &changes.events {
-            self.insert_event(event).await?;
         }
         if !changes.unused.is_empty() {
             self.execute(sql::DELETE_RESOURCES, [names_param(&changes.unused)?])?;

@@ -155,15 +155,16 @@ pub const OVERVIEW_MINUTES: i64 = 60;
 /// long before the window and the first one this long after it.
 pub const WINDOW_ID_SLACK_MS: i64 = 10 * 60 * 1000;
 
-/// The kinds of event kept in the `(resource, token, id)` index, exactly as
-/// its `WHERE` (migration 0006) says, so that a query with this term can
-/// use it. A lease's other events (renewals, accepted writes, its end) all
+/// The events kept in the `(resource, token, id)` index, exactly as its
+/// `WHERE` (migration 0007) says, so that a query with this term can use
+/// it. A lease's other events (renewals, accepted writes, its end) all
 /// happen while it is the resource's newest lease and are written under
 /// the resource's lock, so they lie between its own `acquired` event and
-/// the next token's in id order: a lease's story is read there through
-/// `(resource, id)`, plus its rejections, which can come at any time,
-/// through this index. One index insert fewer for every other event.
-pub const TOKEN_INDEXED_KINDS: &str = "kind IN ('acquired', 'write_rejected')";
+/// the next token's in id order (each lease row keeps its `acquired`
+/// event's id): a lease's story is read there through `(resource, id)`,
+/// plus its rejections, which can come at any time, through this index.
+/// One index insert fewer for every other event.
+pub const TOKEN_INDEXED_KINDS: &str = "kind = 'write_rejected'";
 
 /// The UI's read queries, one implementation per engine.
 pub trait UiReads: Send + Sync {
@@ -366,7 +367,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{ResourceName, Token};
+    use crate::domain::{Holder, Lease, LeaseId, ResourceName, Token};
     use crate::store::{NewEvent, ResourceTx, Writes};
     use chrono::{Duration, TimeZone};
 
@@ -461,7 +462,8 @@ mod tests {
     }
 
     /// Records `events` (resource, kind, token), in this order, in one
-    /// transaction, all at the database's clock.
+    /// transaction, all at the database's clock; an `acquired` event also
+    /// records its (ended) lease.
     async fn record_tokens(store: &Store, events: &[(&str, EventKind, i64)]) {
         async fn on<W: Writes>(writes: &W, events: &[(&str, EventKind, i64)]) {
             let mut tx = writes.begin_write().await.expect("begin");
@@ -472,12 +474,27 @@ mod tests {
                 let event = NewEvent {
                     at,
                     kind: *kind,
-                    resource,
+                    resource: resource.clone(),
                     token: Some(Token::from_stored(*token)),
                     holder: None,
                     detail: serde_json::json!({ "n": i }),
                 };
                 tx.insert_event(&event).await.expect("event");
+                if *kind == EventKind::Acquired {
+                    let lease = Lease {
+                        lease_id: LeaseId::generate(),
+                        resource,
+                        holder: Holder::parse("story").expect("holder"),
+                        token: Token::from_stored(*token),
+                        state: LeaseState::Released,
+                        ttl_ms: 1_000,
+                        acquired_at: at,
+                        expires_at: at,
+                        ended_at: Some(at),
+                        request_id: None,
+                    };
+                    tx.insert_lease(&lease).await.expect("lease");
+                }
             }
             W::commit(tx).await.expect("commit");
         }
@@ -547,7 +564,187 @@ mod tests {
             [11, 5, 1]
         );
         assert_eq!(n(&story(1, vec![Renewed], None, 50).await), [2]);
+        assert_eq!(crate::store::lease_links(&store).await, (4, vec![]));
         store.close().await;
+    }
+
+    /// Migrations 0001–0006 of `engine` (its directory under migrations/):
+    /// the schema before lease rows kept their `acquired` event's id.
+    async fn migrator_before_0007(engine: &str) -> (tempfile::TempDir, sqlx::migrate::Migrator) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(engine);
+        for entry in std::fs::read_dir(&all).expect("migrations") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().expect("name").to_owned();
+            if name.to_str().expect("utf-8") < "0007" {
+                std::fs::copy(&path, dir.path().join(&name)).expect("copy");
+            }
+        }
+        let migrator = sqlx::migrate::Migrator::new(dir.path())
+            .await
+            .expect("migrator");
+        (dir, migrator)
+    }
+
+    /// Rows as a server before migration 0007 left them: two resources,
+    /// three leases of `m/a` and their events, and a lease of `m/b` whose
+    /// `acquired` event was pruned. `{now}` and `{later}` are the engine's
+    /// clock now and a minute on.
+    fn rows_before_0007(now: &str, later: &str) -> Vec<String> {
+        let ids: Vec<LeaseId> = (0..4).map(|_| LeaseId::generate()).collect();
+        let lease = |i: usize, resource: &str, token: i64, state: &str| {
+            let (expires, ended) = if state == "active" {
+                (later, "NULL")
+            } else {
+                (now, now)
+            };
+            format!(
+                "INSERT INTO leases (lease_id, resource, token, holder, state, ttl_ms, \
+                 acquired_at, expires_at, ended_at) VALUES ('{}', '{resource}', {token}, 'h', \
+                 '{state}', 60000, {now}, {expires}, {ended})",
+                ids[i].as_str()
+            )
+        };
+        let mut rows = vec![format!(
+            "INSERT INTO resources (name, last_token, accepted_token, created_at, \
+             last_activity_at) VALUES ('m/a', 3, 0, {now}, {now}), ('m/b', 1, 0, {now}, {now})"
+        )];
+        rows.extend([
+            lease(0, "m/a", 1, "released"),
+            lease(1, "m/a", 2, "released"),
+            lease(2, "m/a", 3, "active"),
+            lease(3, "m/b", 1, "released"),
+        ]);
+        let events = [
+            ("m/a", "acquired", 1),       // 0
+            ("m/a", "write_rejected", 2), // 1: before it was issued
+            ("m/a", "renewed", 1),        // 2
+            ("m/a", "released", 1),       // 3
+            ("m/a", "acquired", 2),       // 4
+            ("m/a", "write_rejected", 1), // 5
+            ("m/a", "released", 2),       // 6
+            ("m/a", "acquired", 3),       // 7
+            ("m/b", "released", 1),       // 8: its acquisition was pruned
+        ];
+        rows.extend(
+            events
+                .iter()
+                .enumerate()
+                .map(|(n, (resource, kind, token))| {
+                    format!(
+                        "INSERT INTO events (at, kind, resource, token, holder, detail) VALUES \
+                 ({now}, '{kind}', '{resource}', {token}, 'h', '{{\"n\": {n}}}')"
+                    )
+                }),
+        );
+        rows
+    }
+
+    /// Migration 0007 links each existing lease row to its `acquired`
+    /// event (none where it was pruned), moves the token index to the
+    /// rejections alone, and every lease's story reads as before; leases
+    /// granted afterwards are linked as they are written.
+    async fn an_upgrade_links_existing_leases(url: &str) {
+        let store = Store::connect(url).await.expect("upgrade");
+        assert_eq!(
+            crate::store::lease_links(&store).await,
+            (4, vec![("m/b".to_owned(), 1)])
+        );
+        let story = |resource: &'static str, token: i64| {
+            let store = &store;
+            async move {
+                let events = store
+                    .query_events(&EventQuery {
+                        resource: Some(resource.into()),
+                        token: Some(token),
+                        limit: 50,
+                        ..EventQuery::default()
+                    })
+                    .await
+                    .expect("story");
+                events
+                    .iter()
+                    .map(|e| e.detail["n"].as_i64().unwrap_or(-1))
+                    .collect::<Vec<i64>>()
+            }
+        };
+        assert_eq!(story("m/a", 1).await, [5, 3, 2, 0]);
+        assert_eq!(story("m/a", 2).await, [6, 4, 1]);
+        assert_eq!(story("m/a", 3).await, [7]);
+        assert_eq!(story("m/b", 1).await, [8]);
+        let token_indexes = match &store {
+            Store::Sqlite(b) => sqlx::query_scalar(
+                "SELECT sql FROM sqlite_master WHERE type = 'index' AND sql LIKE '%(resource, token, id)%'",
+            )
+            .fetch_all(b.readers())
+            .await,
+            Store::Postgres(b) => sqlx::query_scalar(
+                "SELECT indexdef FROM pg_indexes WHERE indexdef LIKE '%(resource, token, id)%'",
+            )
+            .fetch_all(b.pool())
+            .await,
+        };
+        let token_indexes: Vec<String> = token_indexes.expect("indexes");
+        assert_eq!(token_indexes.len(), 1, "{token_indexes:?}");
+        assert!(
+            token_indexes[0].contains("events_rejected_by_resource_token")
+                && token_indexes[0].contains("kind = 'write_rejected'")
+                && !token_indexes[0].contains("acquired"),
+            "{token_indexes:?}"
+        );
+        let request = crate::store::AcquireRequest {
+            resource: ResourceName::parse("m/b").expect("name"),
+            holder: Holder::parse("after").expect("holder"),
+            ttl: crate::domain::Ttl::from_millis(60_000, crate::domain::Ttl::DEFAULT_MAX)
+                .expect("ttl"),
+            request_id: None,
+            lease_id: LeaseId::generate(),
+        };
+        store.acquire(&request).await.expect("acquire");
+        assert_eq!(
+            crate::store::lease_links(&store).await,
+            (5, vec![("m/b".to_owned(), 1)])
+        );
+        assert_eq!(story("m/b", 2).await, [-1], "the new lease's acquisition");
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn an_upgrade_links_existing_leases_on_sqlite() {
+        use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
+        use std::str::FromStr;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}", dir.path().join("old.db").display());
+        let (_files, migrator) = migrator_before_0007("sqlite").await;
+        let options = SqliteConnectOptions::from_str(&url)
+            .expect("url")
+            .create_if_missing(true);
+        let pool = SqlitePool::connect_with(options).await.expect("open");
+        migrator.run(&pool).await.expect("migrate to 0006");
+        let now = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+        for row in rows_before_0007(now, &format!("({now} + 60000)")) {
+            sqlx::query(&row).execute(&pool).await.expect(&row);
+        }
+        pool.close().await;
+        an_upgrade_links_existing_leases(&url).await;
+    }
+
+    #[tokio::test]
+    async fn an_upgrade_links_existing_leases_on_postgres() {
+        let Some((url, drop_db)) = crate::store::test_postgres_db("upgrade").await else {
+            return;
+        };
+        let (_files, migrator) = migrator_before_0007("postgres").await;
+        let pool = sqlx::PgPool::connect(&url).await.expect("open");
+        migrator.run(&pool).await.expect("migrate to 0006");
+        for row in rows_before_0007("now()", "now() + interval '1 minute'") {
+            sqlx::query(&row).execute(&pool).await.expect(&row);
+        }
+        pool.close().await;
+        an_upgrade_links_existing_leases(&url).await;
+        drop_db().await;
     }
 
     /// The overview counts exactly the last hour's events of its kinds,

@@ -103,10 +103,11 @@ fn push_prefix(q: &mut QueryBuilder<'_, Postgres>, query: &EventQuery) {
 }
 
 /// The events of `resource` with `token` that `query` asks for, as
-/// [`TOKEN_INDEXED_KINDS`] says: those between the token's `acquired` event
-/// (or the oldest kept, if it was pruned) and the next token's, through
-/// `(resource, id)`, and outside that range its rejections, through the
-/// partial `(resource, token, id)` index. To be ordered and limited.
+/// [`TOKEN_INDEXED_KINDS`] says: those from the token's `acquired` event
+/// (the id its lease row keeps; the oldest kept event if there is none)
+/// up to the next token's, through `(resource, id)`, and outside that range
+/// its rejections, through the partial `(resource, token, id)` index. To be
+/// ordered and limited.
 fn push_lease_story(
     q: &mut QueryBuilder<'_, Postgres>,
     resource: &str,
@@ -114,13 +115,11 @@ fn push_lease_story(
     query: &EventQuery,
 ) {
     let issued = |q: &mut QueryBuilder<'_, Postgres>, op: &str| {
-        q.push("(SELECT id FROM events WHERE resource = ")
+        q.push("(SELECT acquired_event_id FROM leases WHERE resource = ")
             .push_bind(resource.to_owned())
-            .push(format!(
-                " AND {TOKEN_INDEXED_KINDS} AND kind = 'acquired' AND token {op} "
-            ))
+            .push(format!(" AND token {op} "))
             .push_bind(token)
-            .push(" ORDER BY token, id LIMIT 1)");
+            .push(" ORDER BY token LIMIT 1)");
     };
     q.push("WITH span AS MATERIALIZED (SELECT coalesce(");
     issued(q, "=");
