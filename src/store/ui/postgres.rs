@@ -105,7 +105,7 @@ fn push_prefix(q: &mut QueryBuilder<'_, Postgres>, query: &EventQuery) {
 /// The events of `resource` with `token` that `query` asks for, as
 /// [`TOKEN_INDEXED_KINDS`] says: those from the token's `acquired` event
 /// (the id its lease row keeps; the oldest kept event if there is none)
-/// up to the next token's, through `(resource, id)`, and outside that range
+/// up to the next linked token's, through `(resource, id)`, and outside that range
 /// its rejections, through the partial `(resource, token, id)` index. To be
 /// ordered and limited.
 fn push_lease_story(
@@ -119,7 +119,7 @@ fn push_lease_story(
             .push_bind(resource.to_owned())
             .push(format!(" AND token {op} "))
             .push_bind(token)
-            .push(" ORDER BY token LIMIT 1)");
+            .push(" AND acquired_event_id IS NOT NULL ORDER BY token LIMIT 1)");
     };
     q.push("WITH span AS MATERIALIZED (SELECT coalesce(");
     issued(q, "=");
