@@ -730,33 +730,11 @@ pub(super) fn flush_steps(changes: &Changes) -> StoreResult<Vec<FlushStep>> {
         step(sql::FLUSH_UPDATED_LEASES, rows, Some(expect));
     }
     if !changes.events.is_empty() {
-        let rows = json_rows(changes.events.iter().map(|e| {
-            (
-                unix_ms(e.at),
-                e.kind.as_str(),
-                e.resource.as_str(),
-                e.token.map(Token::get),
-                e.holder.as_ref().map(|h| h.as_str()),
-                e.detail.to_string(),
-            )
-        }))?;
+        let rows = json_rows(changes.events.iter().map(event_values))?;
         step(sql::FLUSH_EVENTS, rows, None);
     }
     if !changes.new_leases.is_empty() {
-        let rows = json_rows(changes.new_leases.iter().map(|l| {
-            (
-                l.lease_id.as_str(),
-                l.resource.as_str(),
-                l.token.get(),
-                l.holder.as_str(),
-                l.state.as_str(),
-                l.ttl_ms,
-                unix_ms(l.acquired_at),
-                unix_ms(l.expires_at),
-                l.ended_at.map(unix_ms),
-                l.request_id.as_ref().map(|r| r.as_str()),
-            )
-        }))?;
+        let rows = json_rows(changes.new_leases.iter().map(new_lease_values))?;
         step(sql::FLUSH_NEW_LEASES, rows, None);
     }
     if !changes.values.is_empty() {
@@ -775,6 +753,51 @@ pub(super) fn flush_steps(changes: &Changes) -> StoreResult<Vec<FlushStep>> {
         step(sql::DELETE_RESOURCES, names_param(&changes.unused)?, None);
     }
     Ok(steps)
+}
+
+/// A new lease's columns, in [`sql::INSERT_LEASE`]'s and
+/// [`sql::FLUSH_NEW_LEASES`]' order.
+pub(super) type NewLeaseValues<'a> = (
+    &'a str,
+    &'a str,
+    i64,
+    &'a str,
+    &'a str,
+    i64,
+    i64,
+    i64,
+    Option<i64>,
+    Option<&'a str>,
+);
+
+pub(super) fn new_lease_values(l: &Lease) -> NewLeaseValues<'_> {
+    (
+        l.lease_id.as_str(),
+        l.resource.as_str(),
+        l.token.get(),
+        l.holder.as_str(),
+        l.state.as_str(),
+        l.ttl_ms,
+        unix_ms(l.acquired_at),
+        unix_ms(l.expires_at),
+        l.ended_at.map(unix_ms),
+        l.request_id.as_ref().map(|r| r.as_str()),
+    )
+}
+
+/// An event's columns, in [`sql::INSERT_EVENT`]'s and
+/// [`sql::FLUSH_EVENTS`]' order (the detail as its JSON text).
+pub(super) type EventValues<'a> = (i64, &'a str, &'a str, Option<i64>, Option<&'a str>, String);
+
+pub(super) fn event_values(e: &NewEvent) -> EventValues<'_> {
+    (
+        unix_ms(e.at),
+        e.kind.as_str(),
+        e.resource.as_str(),
+        e.token.map(Token::get),
+        e.holder.as_ref().map(|h| h.as_str()),
+        e.detail.to_string(),
+    )
 }
 
 pub(super) fn names_param(names: &[ResourceName]) -> StoreResult<String> {

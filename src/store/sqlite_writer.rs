@@ -28,7 +28,8 @@ use super::rows::{
     ClockedLeaseRow, DbTime, LeaseRow, ResourceDbRow, ValueRow, into_lease, unix_ms,
 };
 use super::sqlite::{
-    IS_PALISADE_SCHEMA, all_leases_updated, ids_param, names_param, parse_names, sql, tokens_param,
+    IS_PALISADE_SCHEMA, all_leases_updated, event_values, ids_param, names_param, new_lease_values,
+    parse_names, sql, tokens_param,
 };
 use super::staged::{BatchTx, Changes};
 use super::types::{NewEvent, ResourceRow, StoredValue};
@@ -281,21 +282,7 @@ impl ResourceTx for DirectTx {
     }
 
     async fn insert_lease(&mut self, l: &Lease) -> StoreResult<()> {
-        self.execute(
-            sql::INSERT_LEASE,
-            (
-                l.lease_id.as_str(),
-                l.resource.as_str(),
-                l.token.get(),
-                l.holder.as_str(),
-                l.state.as_str(),
-                l.ttl_ms,
-                unix_ms(l.acquired_at),
-                unix_ms(l.expires_at),
-                l.ended_at.map(unix_ms),
-                l.request_id.as_ref().map(|r| r.as_str()),
-            ),
-        )?;
+        self.execute(sql::INSERT_LEASE, new_lease_values(l))?;
         Ok(())
     }
 
@@ -325,17 +312,7 @@ impl ResourceTx for DirectTx {
     }
 
     async fn insert_event(&mut self, e: &NewEvent) -> StoreResult<()> {
-        self.execute(
-            sql::INSERT_EVENT,
-            (
-                unix_ms(e.at),
-                e.kind.as_str(),
-                e.resource.as_str(),
-                e.token.map(Token::get),
-                e.holder.as_ref().map(|h| h.as_str()),
-                e.detail.to_string(),
-            ),
-        )?;
+        self.execute(sql::INSERT_EVENT, event_values(e))?;
         Ok(())
     }
 
