@@ -407,32 +407,22 @@ pub(crate) async fn test_sqlite_store(dir: &tempfile::TempDir) -> Store {
 /// whose `acquired_event_id` is not their own `acquired` event's id.
 #[cfg(test)]
 pub(crate) async fn lease_links(store: &Store) -> (i64, Vec<(String, i64)>) {
-    const UNLINKED: &str = "SELECT resource, token FROM leases AS l WHERE NOT EXISTS \
-        (SELECT 1 FROM events AS e WHERE e.id = l.acquired_event_id AND e.kind = 'acquired' \
-           AND e.resource = l.resource AND e.token = l.token) ORDER BY resource, token";
-    const COUNT: &str = "SELECT count(*) FROM leases";
-    match store {
-        Store::Sqlite(b) => (
-            sqlx::query_scalar(COUNT)
-                .fetch_one(b.readers())
-                .await
-                .expect("count"),
-            sqlx::query_as(UNLINKED)
-                .fetch_all(b.readers())
-                .await
-                .expect("links"),
-        ),
-        Store::Postgres(b) => (
-            sqlx::query_scalar(COUNT)
-                .fetch_one(b.pool())
-                .await
-                .expect("count"),
-            sqlx::query_as(UNLINKED)
-                .fetch_all(b.pool())
-                .await
-                .expect("links"),
-        ),
+    const LINKS: &str = "SELECT resource, token, EXISTS (SELECT 1 FROM events AS e \
+        WHERE e.id = l.acquired_event_id AND e.kind = 'acquired' \
+          AND e.resource = l.resource AND e.token = l.token) \
+        FROM leases AS l ORDER BY resource, token";
+    let leases: Vec<(String, i64, bool)> = match store {
+        Store::Sqlite(b) => sqlx::query_as(LINKS).fetch_all(b.readers()).await,
+        Store::Postgres(b) => sqlx::query_as(LINKS).fetch_all(b.pool()).await,
     }
+    .expect("lease links");
+    let total = leases.len() as i64;
+    let unlinked = leases
+        .into_iter()
+        .filter(|(_, _, linked)| !linked)
+        .map(|(resource, token, _)| (resource, token))
+        .collect();
+    (total, unlinked)
 }
 
 /// Runs each `async fn case(store: Store)` as two tests, one per backend:
