@@ -350,6 +350,31 @@ impl Store {
     }
 }
 
+/// Closes `pool` and every connection it has. `Pool::close` alone can
+/// return while a connection dropped just before (the retention task's,
+/// say) is still on its way back: it then lies idle, unclosed, until the
+/// pool is dropped, so a SQLite file is not yet free (and a PostgreSQL
+/// session not yet ended) when the server says it has stopped. Taking each
+/// connection and closing it first leaves none in flight (a few at most,
+/// and only the ones shutdown has finished with).
+async fn close_every_connection<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) {
+    const MAX_CONNECTIONS_CLOSED: usize = 64;
+    for _ in 0..MAX_CONNECTIONS_CLOSED {
+        if pool.size() == 0 {
+            break;
+        }
+        match tokio::time::timeout(std::time::Duration::from_secs(1), pool.acquire()).await {
+            Ok(Ok(conn)) => {
+                if let Err(err) = conn.close().await {
+                    tracing::warn!(error = %err, "closing a database connection failed");
+                }
+            }
+            _ => break,
+        }
+    }
+    pool.close().await;
+}
+
 /// A store on a fresh PostgreSQL database, and how to drop it; `None`
 /// when PostgreSQL is not configured outside CI.
 #[cfg(test)]

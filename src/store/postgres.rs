@@ -269,7 +269,7 @@ impl Backend for PgBackend {
     }
 
     async fn close(&self) {
-        self.pool.close().await;
+        super::close_every_connection(&self.pool).await;
     }
 }
 

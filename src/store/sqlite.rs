@@ -279,31 +279,6 @@ impl SqliteBackend {
     }
 }
 
-/// Closes `pool` and every connection it has. `Pool::close` alone can
-/// return while a connection dropped just before (the retention task's,
-/// say) is still on its way back: it then lies idle, unclosed, and its
-/// file handle goes only when the pool is dropped, on its worker thread,
-/// so the file is not yet free when the server says it has stopped.
-/// Taking each connection and closing it first leaves none in flight (a
-/// few at most, and only the ones shutdown has finished with).
-async fn close_every_connection(pool: &SqlitePool) {
-    const MAX_CONNECTIONS_CLOSED: usize = 64;
-    for _ in 0..MAX_CONNECTIONS_CLOSED {
-        if pool.size() == 0 {
-            break;
-        }
-        match tokio::time::timeout(Duration::from_secs(1), pool.acquire()).await {
-            Ok(Ok(conn)) => {
-                if let Err(err) = conn.close().await {
-                    tracing::warn!(error = %err, "closing a SQLite connection failed");
-                }
-            }
-            _ => break,
-        }
-    }
-    pool.close().await;
-}
-
 pub struct SqliteTx(Transaction<'static, Sqlite>);
 
 impl Writes for SqliteBackend {
@@ -415,8 +390,8 @@ impl Backend for SqliteBackend {
     }
 
     async fn close(&self) {
-        close_every_connection(&self.readers).await;
-        close_every_connection(&self.writer).await;
+        super::close_every_connection(&self.readers).await;
+        super::close_every_connection(&self.writer).await;
     }
 }
 
