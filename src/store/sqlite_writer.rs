@@ -415,10 +415,9 @@ impl BatchTx for DirectTx {
 
     /// One cached statement per row, in the order `flush_steps` gives the
     /// sqlx path (endings and events before new leases, unused resources
-    /// last). In
-    /// process a statement costs no round trip, so binding each row skips
-    /// encoding the batch as JSON for `json_each` to decode (SQLite cycles
-    /// +5-10% on 7 December). The reads keep their multi-row statements:
+    /// last). In process a statement costs no round trip, so binding each
+    /// row skips encoding the batch as JSON for `json_each` to decode
+    /// (SQLite cycles +5-10% on 7 December). The reads keep their multi-row statements:
     /// per-row lookups measured the same.
     async fn flush(&mut self, changes: &Changes) -> StoreResult<()> {
         for row in &changes.resources {
