@@ -113,6 +113,8 @@ struct Inner {
     fenced_writes: IntCounterVec,
     stale_writes: IntCounterVec,
     events_pruned: IntCounter,
+    expiry_sweeps: IntCounterVec,
+    expiry_sweep_duration: Histogram,
     active_leases: IntGauge,
     database_up: IntGauge,
     http_request_duration: HistogramVec,
@@ -208,6 +210,20 @@ impl Metrics {
                 "Events deleted by this instance's event retention.",
             )?,
         )?;
+        let expiry_sweeps = counter_vec(
+            &r,
+            "palisade_expiry_sweeps_total",
+            "Runs of this instance's expiry sweeper by outcome: completed, or failed (it retries at the next interval).",
+            &["outcome"],
+        )?;
+        let expiry_sweep_duration = histogram(
+            &r,
+            "palisade_expiry_sweep_duration_seconds",
+            "How long each completed expiry sweep took, recording what was due included.",
+            &[
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ],
+        )?;
         let active_leases = register(
             &r,
             IntGauge::new(
@@ -279,6 +295,9 @@ impl Metrics {
         for outcome in ["renewed", "not_active"] {
             renewals.with_label_values(&[outcome]);
         }
+        for outcome in ["completed", "failed"] {
+            expiry_sweeps.with_label_values(&[outcome]);
+        }
         for outcome in ["accepted", "stale", "unknown"] {
             for via in [WriteVia::Fence, WriteVia::Store] {
                 fenced_writes.with_label_values(&[outcome, via.as_str()]);
@@ -304,6 +323,8 @@ impl Metrics {
                 fenced_writes,
                 stale_writes,
                 events_pruned,
+                expiry_sweeps,
+                expiry_sweep_duration,
                 active_leases,
                 database_up,
                 http_request_duration,
@@ -419,6 +440,19 @@ impl Metrics {
 
     pub fn events_pruned(&self, count: u64) {
         self.inner.events_pruned.inc_by(count);
+    }
+
+    /// One run of the expiry sweeper: `Some(elapsed)` if it completed,
+    /// `None` if it failed.
+    pub fn expiry_sweep(&self, completed: Option<Duration>) {
+        let m = &self.inner;
+        match completed {
+            Some(elapsed) => {
+                m.expiry_sweeps.with_label_values(&["completed"]).inc();
+                m.expiry_sweep_duration.observe(elapsed.as_secs_f64());
+            }
+            None => m.expiry_sweeps.with_label_values(&["failed"]).inc(),
+        }
     }
 
     pub fn set_active_leases(&self, count: i64) {
@@ -542,6 +576,8 @@ mod tests {
             "palisade_renewal_margin_seconds_bucket{le=\"0.001\"} 0",
             "palisade_stale_write_lateness_seconds_count 0",
             "palisade_acquire_wait_seconds_bucket{le=\"60\"} 0",
+            "palisade_expiry_sweeps_total{outcome=\"failed\"} 0",
+            "palisade_expiry_sweep_duration_seconds_count 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
