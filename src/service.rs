@@ -411,12 +411,18 @@ pub async fn run_expiry_sweeper(
             _ = ticker.tick() => {}
             () = shutdown.cancelled() => return,
         }
+        let started = Instant::now();
         match service.expire_due_leases(BATCH).await {
-            Ok(expired) if !expired.is_empty() => {
-                tracing::debug!(count = expired.len(), "recorded lease expiries");
+            Ok(expired) => {
+                service.metrics().expiry_sweep(Some(started.elapsed()));
+                if !expired.is_empty() {
+                    tracing::debug!(count = expired.len(), "recorded lease expiries");
+                }
             }
-            Ok(_) => {}
-            Err(err) => tracing::warn!(error = %err, "expiry sweep failed; retrying"),
+            Err(err) => {
+                service.metrics().expiry_sweep(None);
+                tracing::warn!(error = %err, "expiry sweep failed; retrying");
+            }
         }
     }
 }
@@ -534,18 +540,11 @@ impl LockService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::Holder;
     use crate::metrics::MetricsConfig;
     use crate::store::GroupCommitConfig;
 
     fn request(holder: &str) -> AcquireRequest {
-        AcquireRequest {
-            resource: ResourceName::parse("handoff").expect("name"),
-            holder: Holder::parse(holder).expect("holder"),
-            ttl: Ttl::from_millis(30_000, Ttl::DEFAULT_MAX).expect("ttl"),
-            request_id: None,
-            lease_id: LeaseId::generate(),
-        }
+        AcquireRequest::for_tests("handoff", holder, 30_000)
     }
 
     fn granted(acquired: Acquired) -> Lease {

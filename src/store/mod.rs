@@ -463,6 +463,7 @@ macro_rules! on_both_backends {
         }
 
         #[tokio::test]
+        #[cfg_attr(palisade_no_test_postgres, ignore = "PostgreSQL: set PALISADE_TEST_POSTGRES_URL to run it")]
         async fn $postgres() {
             if let Some((store, drop_db)) = $crate::store::test_postgres_store($tag).await {
                 $case(store).await;

@@ -10,6 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::history;
+use crate::metrics::completed_sweeps;
 use crate::support::{Backend, Harness, TestDb, TestServer};
 use palisade::app::Config;
 
@@ -256,6 +257,10 @@ crate::on_both_backends!(
 /// Two instances on one PostgreSQL, one transaction per request: clients
 /// spread over both, both sweep. (With group commit: the next test.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    palisade_no_test_postgres,
+    ignore = "PostgreSQL: set PALISADE_TEST_POSTGRES_URL to run it"
+)]
 async fn two_instances_on_one_postgres_stay_safe() {
     let Some(backend) = Backend::postgres() else {
         return;
@@ -269,6 +274,9 @@ async fn two_instances_on_one_postgres_stay_safe() {
     let b = TestServer::start_with(one_by_one()).await;
     let counts = race(&[&a, &b], Duration::from_secs(4)).await;
     verify(&a, &counts).await;
+    for s in [&a, &b] {
+        assert!(completed_sweeps(s).await > 0.0, "an instance never swept");
+    }
     a.stop().await;
     b.stop().await;
     db.drop_db().await;
@@ -278,6 +286,10 @@ async fn two_instances_on_one_postgres_stay_safe() {
 /// lock rows in one order, so batches never deadlock, and the history stays
 /// serial.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    palisade_no_test_postgres,
+    ignore = "PostgreSQL: set PALISADE_TEST_POSTGRES_URL to run it"
+)]
 async fn two_instances_with_group_commit_stay_safe() {
     let Some(backend) = Backend::postgres() else {
         return;
@@ -287,6 +299,9 @@ async fn two_instances_with_group_commit_stay_safe() {
     let b = TestServer::start_with(Config::for_tests(&db.url)).await;
     let counts = race(&[&a, &b], Duration::from_secs(8)).await;
     verify(&a, &counts).await;
+    for s in [&a, &b] {
+        assert!(completed_sweeps(s).await > 0.0, "an instance never swept");
+    }
     a.stop().await;
     b.stop().await;
     db.drop_db().await;
@@ -295,6 +310,10 @@ async fn two_instances_with_group_commit_stay_safe() {
 /// A waiter on one instance is woken by a release on the other (through
 /// LISTEN/NOTIFY), not by the holder's TTL running out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    palisade_no_test_postgres,
+    ignore = "PostgreSQL: set PALISADE_TEST_POSTGRES_URL to run it"
+)]
 async fn a_release_on_one_instance_wakes_a_waiter_on_another() {
     let Some(backend) = Backend::postgres() else {
         return;
@@ -334,6 +353,10 @@ async fn a_release_on_one_instance_wakes_a_waiter_on_another() {
 /// Different instances never issue the same token, even when they race to
 /// create the resource.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    palisade_no_test_postgres,
+    ignore = "PostgreSQL: set PALISADE_TEST_POSTGRES_URL to run it"
+)]
 async fn instances_racing_on_a_new_resource_issue_distinct_tokens() {
     let Some(backend) = Backend::postgres() else {
         return;

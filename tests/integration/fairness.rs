@@ -195,6 +195,10 @@ on_both_backends!(
 /// A queue on one instance is handed the resource by releases made through
 /// another (LISTEN/NOTIFY wakes the head), not by TTLs running out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    palisade_no_test_postgres,
+    ignore = "PostgreSQL: set PALISADE_TEST_POSTGRES_URL to run it"
+)]
 async fn a_queue_on_one_instance_is_served_by_releases_on_another() {
     const WAITERS: usize = 5;
     let Some(backend) = Backend::postgres() else {

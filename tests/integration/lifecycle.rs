@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::json;
 
+use crate::metrics::Scrape;
 use crate::support::{Backend, Harness, TestDb, TestServer};
 
 async fn health_and_readiness_answer(backend: Backend) {
@@ -27,6 +28,10 @@ crate::on_both_backends!(health_and_readiness_answer);
 /// When the database goes away, requests fail fast with 503 `unavailable`
 /// (never a false success or a false "held") and /readyz says not ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    palisade_no_test_postgres,
+    ignore = "PostgreSQL: set PALISADE_TEST_POSTGRES_URL to run it"
+)]
 async fn a_lost_database_is_a_503_not_a_500() {
     let Some(backend) = Backend::postgres() else {
         return;
@@ -69,6 +74,16 @@ async fn a_lost_database_is_a_503_not_a_500() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     let (status, _) = s.get("/healthz").await;
     assert_eq!(status, StatusCode::OK, "the process itself is alive");
+    // The sweeper keeps trying, and every failed run is counted.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Scrape::of(&s)
+        .await
+        .value("palisade_expiry_sweeps_total", &[("outcome", "failed")])
+        == 0.0
+    {
+        assert!(Instant::now() < deadline, "no failed sweep was counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "failing took {:?}",
@@ -112,6 +127,10 @@ async fn database_proxy(upstream: String) -> (String, tokio::sync::watch::Sender
 /// outage can be renewed, written with and released. The outage is staged
 /// in a proxy of the test's own, so the shared server is never disturbed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    palisade_no_test_postgres,
+    ignore = "PostgreSQL: set PALISADE_TEST_POSTGRES_URL to run it"
+)]
 async fn service_resumes_by_itself_when_the_database_returns() {
     let Some(backend) = Backend::postgres() else {
         return;

@@ -89,6 +89,13 @@ impl Scrape {
     }
 }
 
+/// How many expiry sweeps `s` has completed: proof that its sweeper runs.
+pub async fn completed_sweeps(s: &TestServer) -> f64 {
+    Scrape::of(s)
+        .await
+        .value("palisade_expiry_sweeps_total", &[("outcome", "completed")])
+}
+
 async fn start(backend: &Backend, config: impl FnOnce(&mut Config)) -> (TestServer, TestDb) {
     let db = TestDb::create(backend).await;
     let mut cfg = Config::for_tests(&db.url);
@@ -353,10 +360,21 @@ async fn the_sweeper_counts_expiries(backend: Backend) {
     for i in 0..3 {
         s.acquire(&format!("sweep/{i}"), "h", 100).await;
     }
-    eventually(&s, "three expiries swept", |m| {
+    let m = eventually(&s, "three expiries swept", |m| {
         m.value("palisade_lease_expirations_total", &[]) == 3.0
     })
     .await;
+    let completed = m.value("palisade_expiry_sweeps_total", &[("outcome", "completed")]);
+    assert!(completed >= 1.0, "{}", m.text);
+    assert_eq!(
+        m.value("palisade_expiry_sweeps_total", &[("outcome", "failed")]),
+        0.0
+    );
+    // Every completed sweep is timed (scraped once, so the two agree).
+    assert_eq!(
+        m.value("palisade_expiry_sweep_duration_seconds_count", &[]),
+        completed
+    );
     s.stop().await;
     db.drop_db().await;
 }
@@ -428,6 +446,10 @@ crate::on_both_backends!(
 /// Two instances sweeping one PostgreSQL: each expiry is counted by exactly
 /// one of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    palisade_no_test_postgres,
+    ignore = "PostgreSQL: set PALISADE_TEST_POSTGRES_URL to run it"
+)]
 async fn two_instances_count_each_expiry_once() {
     let Some(backend) = Backend::postgres() else {
         return;
@@ -479,6 +501,9 @@ async fn two_instances_count_each_expiry_once() {
             .await
             .value("palisade_lease_expirations_total", &[]);
     assert_eq!(total, LEASES as f64);
+    for s in [&a, &b] {
+        assert!(completed_sweeps(s).await > 0.0, "an instance never swept");
+    }
     a.stop().await;
     b.stop().await;
     db.drop_db().await;

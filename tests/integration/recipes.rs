@@ -73,6 +73,10 @@ fn day() -> NaiveDate {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    palisade_no_test_postgres,
+    ignore = "PostgreSQL: set PALISADE_TEST_POSTGRES_URL to run it"
+)]
 async fn postgres_recipe_refuses_stale_tokens_under_concurrency() {
     let Some(backend) = Backend::postgres() else {
         return;

@@ -308,6 +308,7 @@ macro_rules! on_both_backends {
         mod postgres {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[cfg_attr(palisade_no_test_postgres, ignore = "PostgreSQL: set PALISADE_TEST_POSTGRES_URL to run it")]
                 async fn $case() {
                     if let Some(backend) = $crate::support::Backend::postgres() {
                         super::$case(backend).await;
