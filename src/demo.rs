@@ -10,7 +10,7 @@ use rand::Rng;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::{Holder, LeaseId, ResourceName, Ttl, WaitTime};
+use crate::domain::{Holder, ResourceName, Ttl, WaitTime};
 use crate::service::LockService;
 use crate::store::{AcquireOutcome, AcquireRequest, FenceOutcome, ValueWrite};
 
@@ -61,13 +61,7 @@ async fn hold_stuck_lock(service: LockService, stop: CancellationToken) {
     ) else {
         return;
     };
-    let request = AcquireRequest {
-        resource,
-        holder,
-        ttl,
-        request_id: None,
-        lease_id: LeaseId::generate(),
-    };
+    let request = AcquireRequest::new(resource, holder, ttl);
     match service.acquire(request, no_wait).await {
         Ok(_) => {}
         Err(err) => tracing::warn!(error = %err, "demo: cannot take the stuck lock"),
@@ -124,14 +118,8 @@ async fn one_round(
     round: u64,
 ) -> anyhow::Result<()> {
     let ttl = Ttl::from_millis(ttl_ms, service.limits().max_ttl)?;
-    let lease_id = LeaseId::generate();
-    let request = AcquireRequest {
-        resource: resource.clone(),
-        holder: holder.clone(),
-        ttl,
-        request_id: None,
-        lease_id: lease_id.clone(),
-    };
+    let request = AcquireRequest::new(resource.clone(), holder.clone(), ttl);
+    let lease_id = request.lease_id.clone();
     let acquired = service
         .acquire(request, WaitTime::from_millis(2_000)?)
         .await?;

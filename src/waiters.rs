@@ -431,14 +431,7 @@ mod tests {
     }
 
     fn request() -> AcquireRequest {
-        use crate::domain::{Holder, ResourceName, Ttl};
-        AcquireRequest {
-            resource: ResourceName::parse("r").expect("name"),
-            holder: Holder::parse("w").expect("holder"),
-            ttl: Ttl::from_millis(1_000, Ttl::DEFAULT_MAX).expect("ttl"),
-            request_id: None,
-            lease_id: LeaseId::generate(),
-        }
+        AcquireRequest::for_tests("r", "w", 1_000)
     }
 
     #[tokio::test]

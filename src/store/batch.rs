@@ -709,7 +709,7 @@ fn batch_failed(err: &StoreError) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{EventKind, Holder, LeaseId, LeaseState, Ttl};
+    use crate::domain::{EventKind, LeaseId, LeaseState, Ttl};
     use crate::store::EventFilter;
     use crate::store::postgres::PgBackend;
     use crate::store::sqlite::SqliteBackend;
@@ -717,13 +717,7 @@ mod tests {
     use crate::store::staged::AfterLock;
 
     fn acquire(resource: &str) -> AcquireRequest {
-        AcquireRequest {
-            resource: ResourceName::parse(resource).expect("name"),
-            holder: Holder::parse("batch-test").expect("holder"),
-            ttl: Ttl::from_millis(30_000, Ttl::DEFAULT_MAX).expect("ttl"),
-            request_id: None,
-            lease_id: LeaseId::generate(),
-        }
+        AcquireRequest::for_tests(resource, "batch-test", 30_000)
     }
 
     fn granted(recorded: Recorded<AcquireOutcome>) -> Lease {
@@ -1160,6 +1154,10 @@ mod tests {
     /// back neither locks nor vacuum), and one whose connection is lost is
     /// replaced within a second, so the next request is still answered.
     #[tokio::test]
+    #[cfg_attr(
+        palisade_no_test_postgres,
+        ignore = "PostgreSQL: set PALISADE_TEST_POSTGRES_URL to run it"
+    )]
     async fn transactions_opened_ahead_hold_nothing_and_are_renewed() {
         let Some((store, drop_db)) = crate::store::test_postgres_store("ahead").await else {
             return;

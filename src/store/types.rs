@@ -57,6 +57,29 @@ pub struct AcquireRequest {
     pub lease_id: LeaseId,
 }
 
+impl AcquireRequest {
+    /// A request without a `request_id`, with a freshly minted lease id.
+    pub fn new(resource: ResourceName, holder: Holder, ttl: Ttl) -> Self {
+        Self {
+            resource,
+            holder,
+            ttl,
+            request_id: None,
+            lease_id: LeaseId::generate(),
+        }
+    }
+
+    /// [`Self::new`] from plain values that must be valid (tests).
+    #[cfg(test)]
+    pub(crate) fn for_tests(resource: &str, holder: &str, ttl_ms: i64) -> Self {
+        Self::new(
+            ResourceName::parse(resource).expect("resource name"),
+            Holder::parse(holder).expect("holder"),
+            Ttl::from_millis(ttl_ms, Ttl::DEFAULT_MAX).expect("ttl"),
+        )
+    }
+}
+
 /// A write's outcome, with the expiry it recorded on the way: every write
 /// first settles its resource, recording the expiry of a lease it finds past
 /// its deadline (`ops::settle`). Exactly one operation in the cluster records

@@ -694,14 +694,7 @@ mod tests {
                 && !token_indexes[0].contains("acquired"),
             "{token_indexes:?}"
         );
-        let request = crate::store::AcquireRequest {
-            resource: ResourceName::parse("m/b").expect("name"),
-            holder: Holder::parse("after").expect("holder"),
-            ttl: crate::domain::Ttl::from_millis(60_000, crate::domain::Ttl::DEFAULT_MAX)
-                .expect("ttl"),
-            request_id: None,
-            lease_id: LeaseId::generate(),
-        };
+        let request = crate::store::AcquireRequest::for_tests("m/b", "after", 60_000);
         store.acquire(&request).await.expect("acquire");
         assert_eq!(
             crate::store::lease_links(&store).await,
@@ -732,6 +725,10 @@ mod tests {
     }
 
     #[tokio::test]
+    #[cfg_attr(
+        palisade_no_test_postgres,
+        ignore = "PostgreSQL: set PALISADE_TEST_POSTGRES_URL to run it"
+    )]
     async fn an_upgrade_links_existing_leases_on_postgres() {
         let Some((url, drop_db)) = crate::store::test_postgres_db("upgrade").await else {
             return;
