@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::metrics::Scrape;
+use crate::metrics::eventually;
 use crate::support::{Backend, Harness, TestDb, TestServer};
 
 async fn health_and_readiness_answer(backend: Backend) {
@@ -75,15 +75,10 @@ async fn a_lost_database_is_a_503_not_a_500() {
     let (status, _) = s.get("/healthz").await;
     assert_eq!(status, StatusCode::OK, "the process itself is alive");
     // The sweeper keeps trying, and every failed run is counted.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Scrape::of(&s)
-        .await
-        .value("palisade_expiry_sweeps_total", &[("outcome", "failed")])
-        == 0.0
-    {
-        assert!(Instant::now() < deadline, "no failed sweep was counted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(&s, "a failed sweep counted", |m| {
+        m.value("palisade_expiry_sweeps_total", &[("outcome", "failed")]) > 0.0
+    })
+    .await;
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "failing took {:?}",

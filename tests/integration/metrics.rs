@@ -105,7 +105,7 @@ async fn start(backend: &Backend, config: impl FnOnce(&mut Config)) -> (TestServ
 
 /// Polls the scrape until `check` holds (the gauges refresh in the
 /// background), for at most 10 s.
-async fn eventually(s: &TestServer, what: &str, check: impl Fn(&Scrape) -> bool) -> Scrape {
+pub async fn eventually(s: &TestServer, what: &str, check: impl Fn(&Scrape) -> bool) -> Scrape {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let scrape = Scrape::of(s).await;
